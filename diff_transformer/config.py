@@ -1,0 +1,182 @@
+"""The config schema (one ConfigDict for model, data, training, mesh) and its validation.
+
+Every program calls `validate(config)` before doing any work; a bad value raises ConfigError with
+one line naming the field and the constraint.
+"""
+from __future__ import annotations
+
+import ml_collections
+
+VARIANTS = ("transformer", "diff", "shared_diff", "diff_v2")
+KERNELS = ("reference", "xla", "pallas")
+REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
+DTYPES = ("float32", "bfloat16")
+
+
+class ConfigError(ValueError):
+  """A config value that breaks a constraint; the message is one line naming the field."""
+
+
+def ffn_width(d_model: int, multiple: int = 128) -> int:
+  """SwiGLU width 8/3 * D rounded to the nearest multiple of 128 (exact for D = 3072 and 2880)."""
+  return int(round(8 * d_model / 3 / multiple)) * multiple
+
+
+def model_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.variant = "diff"
+  c.vocab_size = 8192
+  c.d_model = 256
+  c.num_layers = 4
+  # Output heads. transformer: attention heads; diff/shared_diff: differential heads h (each has
+  # two d-wide query sub-heads and a 2d-wide value); diff_v2: output heads h (2h query heads).
+  c.num_heads = 4
+  c.num_kv_heads = ml_collections.FieldReference(None, field_type=int)  # None = num_heads (MHA)
+  c.head_dim = 32
+  c.ffn_dim = 704
+  c.rope_theta = 10_000.0
+  c.rope_pairs = "interleaved"  # interleaved (2i, 2i+1) as the official code; or "half"
+  c.tie_embeddings = False
+  c.max_seq_len = 256
+  c.kernel = "xla"
+  c.dtype = "float32"  # compute dtype; parameters, softmax and norm statistics stay float32
+  c.remat = "none"
+  c.init_std = 0.02
+  # DIFF V1 / Shared DIFF ablations (DIFF paper Table 6).
+  c.subln = True  # per-head RMSNorm with one (2d,) gain, then * (1 - lambda_init)
+  c.lambda_init = ml_collections.FieldReference(None, field_type=float)  # None = 0.8-0.6exp(-0.3l)
+  c.lambda_std = 0.1
+  # Shared DIFF.
+  c.rank = 0
+  c.lowrank_init = "fan_in"  # fan_in: both factors random; lora: second factor zero (Q1 = Q2)
+  # DIFF V2 ablations.
+  c.v2_pairing = "interleaved"  # interleaved (even/odd, shares K/V) or halves (crosses groups)
+  c.v2_lambda = "sigmoid"  # sigmoid, none (o1 - o2), linear (lambda without sigmoid)
+  return c
+
+
+def base_config() -> ml_collections.ConfigDict:
+  """All fields with defaults; presets change values, never add keys."""
+  c = ml_collections.ConfigDict()
+  c.model = model_config()
+  c.data = ml_collections.ConfigDict(dict(
+      name="shakespeare",  # built-in corpus, or "prepared" with `path` from prepare_data.py
+      path="",  # directory written by prepare_data.py (name="prepared")
+      tokenizer="bpe",  # bpe (trained offline on the corpus) or byte
+      bpe_vocab_size=8192,
+      cache_dir="",  # default $DIFF_TRANSFORMER_CACHE or ~/.cache/diff_transformer
+      seq_len=256,
+      packing="concat",  # concat (full rows) or first_fit (whole documents, padded)
+      seed=0,
+      val_fraction=0.05,
+  ))
+  c.train = ml_collections.ConfigDict(dict(
+      steps=1000,
+      global_batch_size=32,
+      micro_batches=1,  # gradient accumulation
+      lr=1e-3,
+      final_lr=1e-4,
+      warmup_steps=50,
+      b1=0.9,
+      b2=0.98,
+      eps=1e-8,
+      weight_decay=0.05,
+      decay_norms=False,
+      decay_lambda=False,
+      decay_embeddings=True,
+      grad_clip=1.0,
+      z_loss=0.0,
+      seed=0,
+      log_every=10,
+      eval_every=200,
+      eval_batches=8,
+      checkpoint_every=200,
+      max_to_keep=3,
+      peak_tflops=0.0,  # per-device peak for MFU; 0 = look up the device kind
+  ))
+  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
+  c.source = ""  # where the numbers come from and where they deviate
+  return c
+
+
+def _fail(field: str, constraint: str) -> None:
+  raise ConfigError(f"{field}: {constraint}")
+
+
+def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Checks every constraint the model and trainer rely on; returns the config."""
+  _check_keys(config, base_config(), "")
+  m = config.model
+  if m.variant not in VARIANTS:
+    _fail("model.variant", f"unknown variant '{m.variant}'; choose one of {', '.join(VARIANTS)}")
+  if m.kernel not in KERNELS:
+    _fail("model.kernel", f"unknown kernel '{m.kernel}'; choose one of {', '.join(KERNELS)}")
+  if m.remat not in REMAT_POLICIES:
+    _fail("model.remat", f"unknown policy '{m.remat}'; choose one of {', '.join(REMAT_POLICIES)}")
+  if m.dtype not in DTYPES:
+    _fail("model.dtype", f"'{m.dtype}' is not one of {', '.join(DTYPES)}")
+  for name in ("vocab_size", "d_model", "num_layers", "num_heads", "head_dim", "ffn_dim",
+               "max_seq_len"):
+    if m[name] is None or m[name] <= 0:
+      _fail(f"model.{name}", f"must be a positive integer, got {m[name]}")
+  kv = num_kv_heads(m)
+  if kv <= 0:
+    _fail("model.num_kv_heads", f"must be a positive integer, got {kv}")
+  if m.num_heads % kv:
+    _fail("model.num_kv_heads", f"{kv} kv heads do not divide {m.num_heads} heads")
+  if m.variant in ("diff", "shared_diff"):
+    # h = D / 2d; Shared DIFF's Table 3 rows allow d = D // 2h (rounded down), as SPEC 4 says.
+    ok = 2 * m.num_heads * m.head_dim <= m.d_model if m.variant == "shared_diff" else (
+        2 * m.num_heads * m.head_dim == m.d_model)
+    if not ok:
+      _fail("model.head_dim", f"2 * num_heads * head_dim = {2 * m.num_heads * m.head_dim} must "
+            f"{'not exceed' if m.variant == 'shared_diff' else 'equal'} d_model = {m.d_model}")
+  elif m.num_heads * m.head_dim != m.d_model:
+    _fail("model.head_dim", f"num_heads * head_dim = {m.num_heads * m.head_dim} must equal "
+          f"d_model = {m.d_model} for {m.variant}")
+  if m.variant == "shared_diff":
+    if not 1 <= m.rank <= min(m.d_model, kv * m.head_dim):
+      _fail("model.rank", f"must be in [1, {min(m.d_model, kv * m.head_dim)}] "
+            f"(the smallest projection side), got {m.rank}")
+    if m.lowrank_init not in ("fan_in", "lora"):
+      _fail("model.lowrank_init", f"'{m.lowrank_init}' is not one of fan_in, lora")
+  if m.variant == "diff_v2":
+    if m.v2_pairing not in ("interleaved", "halves"):
+      _fail("model.v2_pairing", f"'{m.v2_pairing}' is not one of interleaved, halves")
+    if m.v2_lambda not in ("sigmoid", "none", "linear"):
+      _fail("model.v2_lambda", f"'{m.v2_lambda}' is not one of sigmoid, none, linear")
+    if m.v2_pairing == "interleaved" and (2 * m.num_heads // kv) % 2:
+      _fail("model.num_kv_heads", f"2h / h_kv = {2 * m.num_heads // kv} query heads per kv group "
+            "must be even so each (2j, 2j+1) pair shares its keys (or set v2_pairing=halves)")
+  if m.rope_pairs not in ("interleaved", "half"):
+    _fail("model.rope_pairs", f"'{m.rope_pairs}' is not one of interleaved, half")
+  if m.lambda_init is not None and not 0.0 <= m.lambda_init < 1.0:
+    _fail("model.lambda_init", f"must be in [0, 1) or None (layer-dependent), got {m.lambda_init}")
+  d, t = config.data, config.train
+  if d.seq_len <= 0 or d.seq_len > m.max_seq_len:
+    _fail("data.seq_len", f"must be in [1, model.max_seq_len = {m.max_seq_len}], got {d.seq_len}")
+  for name in ("steps", "global_batch_size", "micro_batches"):
+    if t[name] <= 0:
+      _fail(f"train.{name}", f"must be a positive integer, got {t[name]}")
+  if t.global_batch_size % t.micro_batches:
+    _fail("train.micro_batches", f"{t.micro_batches} does not divide global_batch_size "
+          f"{t.global_batch_size}")
+  if t.lr <= 0 or t.final_lr < 0:
+    _fail("train.lr", f"lr must be > 0 and final_lr >= 0, got {t.lr}, {t.final_lr}")
+  for axis in ("data", "fsdp", "tensor"):
+    if config.mesh[axis] == 0 or config.mesh[axis] < -1:
+      _fail(f"mesh.{axis}", f"must be a positive size or -1 (the remaining devices), got "
+            f"{config.mesh[axis]}")
+  return config
+
+
+def num_kv_heads(m: ml_collections.ConfigDict) -> int:
+  return m.num_heads if m.num_kv_heads is None else m.num_kv_heads
+
+
+def _check_keys(config, schema, prefix: str) -> None:
+  for key in config.keys():
+    if key not in schema:
+      _fail(f"{prefix}{key}", f"unknown key; known keys here: {', '.join(sorted(schema.keys()))}")
+    if isinstance(schema[key], ml_collections.ConfigDict):
+      _check_keys(config[key], schema[key], f"{prefix}{key}.")

@@ -1,0 +1,68 @@
+"""Small shared pieces of the data layer: the one-line error, the cache root, atomic publishing."""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+ENV_CACHE = "DIFF_TRANSFORMER_CACHE"
+# Temp dirs older than this are leftovers of killed runs (a live fetch/prepare takes minutes).
+_STALE_SECONDS = 6 * 3600
+
+
+class DataError(ValueError):
+  """Bad data input or state; the message is one line naming the path, field or command."""
+
+
+def cache_root(cache_dir: str = "") -> Path:
+  """config.data.cache_dir, else $DIFF_TRANSFORMER_CACHE, else ~/.cache/diff_transformer."""
+  root = cache_dir or os.environ.get(ENV_CACHE, "") or "~/.cache/diff_transformer"
+  return Path(root).expanduser().resolve()
+
+
+def _remove_stale_temps(parent: Path, name: str) -> None:
+  for leftover in parent.glob(f".{name}.tmp-*"):
+    with contextlib.suppress(OSError):
+      if time.time() - leftover.stat().st_mtime > _STALE_SECONDS:
+        shutil.rmtree(leftover, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def atomic_dir(final: Path) -> Iterator[Path]:
+  """Yields a temp dir beside `final`, renamed to `final` only if the block succeeds.
+
+  Readers therefore see either nothing or a complete directory. If a concurrent run published
+  `final` first, ours is discarded (both wrote the same content, deterministic by design).
+  """
+  final.parent.mkdir(parents=True, exist_ok=True)
+  _remove_stale_temps(final.parent, final.name)
+  tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+  try:
+    yield tmp
+    try:
+      os.rename(tmp, final)
+    except OSError:
+      if not final.is_dir():
+        raise
+      shutil.rmtree(tmp, ignore_errors=True)  # lost the race; the winner's copy is complete
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+  """Writes a file through a temp name + rename so a reader never sees half of it."""
+  path.parent.mkdir(parents=True, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+  try:
+    with os.fdopen(fd, "wb") as f:
+      f.write(data)
+    os.replace(tmp, path)
+  except BaseException:
+    with contextlib.suppress(OSError):
+      os.unlink(tmp)
+    raise

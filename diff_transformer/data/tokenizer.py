@@ -1,0 +1,157 @@
+"""Tokenizers with one small interface: a file-free byte tokenizer and an offline byte-level BPE.
+
+Both map any str losslessly: decode(encode(s)) == s. The end-of-text id separates (and opens)
+documents in the token streams; `checksum` identifies the exact vocabulary so a checkpoint
+trained on one tokenizer is never silently evaluated with another (`assert_compatible`).
+"""
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Protocol
+
+import ml_collections
+
+from diff_transformer.data.common import DataError
+
+EOT_TOKEN = "<|endoftext|>"
+TOKENIZERS = ("byte", "bpe")
+TOKENIZER_FILE = "tokenizer.json"
+
+
+class Tokenizer(Protocol):
+  name: str
+  vocab_size: int
+  eot_id: int
+  checksum: str
+
+  def encode(self, text: str) -> list[int]: ...
+  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]: ...
+  def decode(self, ids: Iterable[int]) -> str: ...
+
+
+def describe(tokenizer: Tokenizer) -> dict:
+  """What a checkpoint or metadata.json records about a tokenizer."""
+  return dict(name=tokenizer.name, vocab_size=int(tokenizer.vocab_size),
+              eot_id=int(tokenizer.eot_id), checksum=tokenizer.checksum)
+
+
+class ByteTokenizer:
+  """UTF-8 bytes are ids 0..255; 256 is end-of-text. No files, fixed checksum."""
+  name = "byte"
+  vocab_size = 257
+  eot_id = 256
+  checksum = hashlib.sha256(b"diff_transformer byte tokenizer v1: utf-8 bytes 0-255, eot 256"
+                            ).hexdigest()
+
+  def encode(self, text: str) -> list[int]:
+    return list(text.encode("utf-8"))
+
+  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    return [self.encode(t) for t in texts]
+
+  def decode(self, ids: Iterable[int]) -> str:
+    # Ids >= 256 (end-of-text) carry no bytes; a cut multi-byte char decodes to U+FFFD.
+    return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
+
+
+class BPETokenizer:
+  """Byte-level BPE from HF `tokenizers`; the tokenizer.json content defines it (and its hash)."""
+  name = "bpe"
+
+  def __init__(self, tokenizer) -> None:
+    self._tok = tokenizer
+    self.vocab_size = tokenizer.get_vocab_size()
+    eot = tokenizer.token_to_id(EOT_TOKEN)
+    if eot is None:
+      raise DataError(f"BPE tokenizer has no {EOT_TOKEN} token")
+    self.eot_id = eot
+    self.checksum = hashlib.sha256(tokenizer.to_str().encode("utf-8")).hexdigest()
+
+  @classmethod
+  def from_file(cls, path: str | Path) -> "BPETokenizer":
+    from tokenizers import Tokenizer as HFTokenizer
+    path = Path(path)
+    if not path.is_file():
+      raise DataError(f"{path}: tokenizer file not found (written by prepare_data.py)")
+    return cls(HFTokenizer.from_file(str(path)))
+
+  @classmethod
+  def train(cls, texts: Iterable[str], vocab_size: int) -> "BPETokenizer":
+    """Trains on the given texts; deterministic for the same texts in the same order."""
+    from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizers, trainers
+    if vocab_size < 257 + 1:
+      raise DataError(f"data.bpe_vocab_size: must be > 257 (256 bytes + {EOT_TOKEN}), got "
+                      f"{vocab_size}")
+    tok = HFTokenizer(models.BPE())
+    # No prefix space and no normalizer: decode(encode(s)) == s exactly.
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, min_frequency=2, special_tokens=[EOT_TOKEN],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(texts, trainer=trainer)
+    return cls(tok)
+
+  def save(self, path: str | Path) -> None:
+    Path(path).write_text(self._tok.to_str(), encoding="utf-8")
+
+  def encode(self, text: str) -> list[int]:
+    return self._tok.encode(text, add_special_tokens=False).ids
+
+  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+
+  def decode(self, ids: Iterable[int]) -> str:
+    return self._tok.decode([int(i) for i in ids], skip_special_tokens=True)
+
+
+def check_name(name: str) -> None:
+  if name not in TOKENIZERS:
+    raise DataError(f"data.tokenizer: unknown tokenizer '{name}'; choose one of "
+                    f"{', '.join(TOKENIZERS)}")
+
+
+def build_tokenizer(data_config: ml_collections.ConfigDict, directory: str | Path | None = None,
+                    train_texts: Iterable[str] | None = None) -> Tokenizer:
+  """The tokenizer config.data asks for.
+
+  byte: needs nothing. bpe: loads <directory>/tokenizer.json when it exists, else trains on
+  `train_texts` (and saves it there when `directory` is given).
+  """
+  check_name(data_config.tokenizer)
+  if data_config.tokenizer == "byte":
+    return ByteTokenizer()
+  path = Path(directory) / TOKENIZER_FILE if directory is not None else None
+  if path is not None and path.is_file():
+    return BPETokenizer.from_file(path)
+  if train_texts is None:
+    raise DataError(f"{path}: no BPE tokenizer there and no text given to train one; run "
+                    "prepare_data.py")
+  tok = BPETokenizer.train(train_texts, int(data_config.bpe_vocab_size))
+  if path is not None:
+    tok.save(path)
+  return tok
+
+
+def load_tokenizer(recorded: dict, directory: str | Path) -> Tokenizer:
+  """Loads the tokenizer a metadata.json describes and checks it is the recorded one."""
+  name = recorded.get("name")
+  check_name(name)
+  tok = ByteTokenizer() if name == "byte" else BPETokenizer.from_file(
+      Path(directory) / TOKENIZER_FILE)
+  assert_compatible(recorded, tok)
+  return tok
+
+
+def assert_compatible(recorded: dict, current: Tokenizer) -> None:
+  """Raises DataError (one line) if `recorded` (describe() of another tokenizer) differs."""
+  now = describe(current)
+  for key in ("name", "vocab_size", "eot_id", "checksum"):
+    if recorded.get(key) != now[key]:
+      def show(d: dict) -> str:
+        return (f"{d.get('name')} (vocab {d.get('vocab_size')}, eot {d.get('eot_id')}, sha256 "
+                f"{str(d.get('checksum'))[:12]})")
+      raise DataError(f"tokenizer mismatch on {key}: recorded {show(recorded)} but the data "
+                      f"uses {show(now)}")

@@ -1,0 +1,28 @@
+"""Attention kernels behind one contract (see kernels/common.py for the exact formula).
+
+`attention(..., implementation=name)` dispatches; adding a kernel is one module plus one entry in
+KERNELS. 'pallas' is the fused differential flash kernel (one pass over K/V for both maps).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from diff_transformer.kernels import reference, xla
+
+
+def _pallas(*args, **kwargs):
+  from diff_transformer.kernels import pallas  # imported lazily: Pallas pulls in Triton/Mosaic.
+  return pallas.attention(*args, **kwargs)
+
+
+KERNELS: dict[str, Callable] = {
+    "reference": reference.attention,
+    "xla": xla.attention,
+    "pallas": _pallas,
+}
+
+
+def attention(q1, k1, v, q2=None, k2=None, lam=None, *, implementation: str = "xla", **kwargs):
+  if implementation not in KERNELS:
+    raise ValueError(f"model.kernel: unknown kernel '{implementation}'; choose one of {sorted(KERNELS)}")
+  return KERNELS[implementation](q1, k1, v, q2, k2, lam, **kwargs)

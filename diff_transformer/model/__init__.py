@@ -1,0 +1,16 @@
+"""Model: decoder, attention variants, layers. Build one with `build_model(config.model, rngs)`."""
+from __future__ import annotations
+
+import jax
+import ml_collections
+from flax import nnx
+
+from diff_transformer.model.decoder import Block, Decoder
+from diff_transformer.model.spec import ModelSpec
+
+
+def build_model(model_config: ml_collections.ConfigDict | ModelSpec, rngs: nnx.Rngs) -> Decoder:
+  """Parameters are created sharded by the logical rules when a mesh is set, plain otherwise."""
+  spec = model_config if isinstance(model_config, ModelSpec) else ModelSpec.from_config(model_config)
+  with nnx.use_eager_sharding(not jax.sharding.get_abstract_mesh().empty):
+    return Decoder(spec, rngs=rngs)

@@ -1,0 +1,62 @@
+"""DIFF V1 (Ye et al.): head_i = (softmax(Q1 K1^T/sqrt d) - lambda softmax(Q2 K2^T/sqrt d)) V.
+
+- q viewed as (2h, d), k as (2h_kv, d), v as (h_kv, 2d); head i pairs sub-heads 2i and 2i+1,
+  key group j pairs sub-heads 2j and 2j+1 (adjacent, never the two halves); under GQA head i
+  reads key group i // (h / h_kv) for both K1 and K2 (the kernel contract's g(n)).
+- lambda = exp(lq1 . lk1) - exp(lq2 . lk2) + lambda_init, one float32 scalar per layer.
+- Sub-layer norm: RMSNorm over each head's 2d vector with one (2d,) gain shared by all heads,
+  times (1 - lambda_init).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from diff_transformer.model.attention.base import (Attention, LayerConstant, Projected,
+                                                   lambda_init_value)
+from diff_transformer.model.layers import rms_normalize
+
+
+class DiffAttention(Attention):
+  def __init__(self, spec, layer_idx, *, rngs: nnx.Rngs):
+    super().__init__(spec, layer_idx, rngs=rngs)
+    D, h, K, d = spec.d_model, spec.num_heads, spec.kv_heads, spec.head_dim
+    self.init_qk(rngs)
+    self.wv = self._dense(D, K * 2 * d, ("embed", "kv_heads"), rngs)
+    self.wo = self._dense(h * 2 * d, D, ("heads", "embed"), rngs)
+    lam_init = nnx.initializers.normal(spec.lambda_std)
+    for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
+      setattr(self, name, nnx.Param(lam_init(rngs.params(), (d,), jnp.float32),
+                                    out_sharding=("head_dim",)))
+    self.lambda_init = LayerConstant(lambda_init_value(layer_idx, spec.lambda_init))
+    if spec.subln:
+      self.subln_scale = nnx.Param(jnp.ones((2 * d,), jnp.float32), out_sharding=("norm",))
+
+  def init_qk(self, rngs):
+    s = self.spec
+    self.wq = self._dense(s.d_model, 2 * s.num_heads * s.head_dim, ("embed", "heads"), rngs)
+    self.wk = self._dense(s.d_model, 2 * s.kv_heads * s.head_dim, ("embed", "kv_heads"), rngs)
+
+  def qk(self, x_BTD):
+    """(q1, q2) [B, T, h, d] and (k1, k2) [B, T, h_kv, d] before RoPE."""
+    s = self.spec
+    q_BTNH = self._heads(self.wq(x_BTD), 2 * s.num_heads)
+    k_BTNH = self._heads(self.wk(x_BTD), 2 * s.kv_heads)
+    return q_BTNH[:, :, 0::2], q_BTNH[:, :, 1::2], k_BTNH[:, :, 0::2], k_BTNH[:, :, 1::2]
+
+  def lam(self) -> jax.Array:
+    dot = lambda a, b: jnp.sum(a[...].astype(jnp.float32) * b[...].astype(jnp.float32))
+    return (jnp.exp(dot(self.lambda_q1, self.lambda_k1)) - jnp.exp(dot(self.lambda_q2, self.lambda_k2))
+            + self.lambda_init[...])
+
+  def project(self, x_BTD, positions_BT) -> Projected:
+    q1, q2, k1, k2 = (self._rope(t, positions_BT) for t in self.qk(x_BTD))
+    v_BTKH = self._heads(self.wv(x_BTD), self.spec.kv_heads)
+    return Projected(q1=q1, k1=k1, v=v_BTKH, q2=q2, k2=k2, lam=self.lam())
+
+  def output(self, o_BTNH, p):
+    if self.spec.subln:
+      o_BTNH = rms_normalize(o_BTNH, self.subln_scale[...]) * (1.0 - self.lambda_init[...])
+      o_BTNH = o_BTNH.astype(self.spec.compute_dtype)
+    return self.wo(self._merge(o_BTNH))

@@ -1,0 +1,50 @@
+"""DIFF V2: 2h query heads over h_kv kv heads in one ordinary attention call, then
+out_j = o_{2j} - sigmoid(lambda_j) o_{2j+1}, lambda = x W_lambda per token and head.
+
+No sub-layer norm, no lambda_init. Even/odd pairs share their K and V (2h / h_kv must be even),
+so the kernel sees q1 = q[0::2], q2 = q[1::2] over shared keys. Ablations: `halves` pairing
+(o_j - s o_{h+j}, crossing GQA groups), v2_lambda `none` (o1 - o2) and `linear` (no sigmoid).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from diff_transformer.model.attention.base import Attention, Projected
+
+
+class DiffV2Attention(Attention):
+  def __init__(self, spec, layer_idx, *, rngs: nnx.Rngs):
+    super().__init__(spec, layer_idx, rngs=rngs)
+    D, h, K, d = spec.d_model, spec.num_heads, spec.kv_heads, spec.head_dim
+    self.wq = self._dense(D, 2 * h * d, ("embed", "heads"), rngs)
+    self.wk = self._dense(D, K * d, ("embed", "kv_heads"), rngs)
+    self.wv = self._dense(D, K * d, ("embed", "kv_heads"), rngs)
+    self.wo = self._dense(h * d, D, ("heads", "embed"), rngs)
+    if spec.v2_lambda != "none":
+      self.wlambda = self._dense(D, h, ("embed", "lambda_heads"), rngs)
+
+  def lam(self, x_BTD) -> jax.Array:
+    """float32 [B, T, h] (or the scalar 1 for the no-lambda ablation)."""
+    if self.spec.v2_lambda == "none":
+      return jnp.ones((), jnp.float32)
+    lam_BTN = self.wlambda(x_BTD).astype(jnp.float32)
+    return jax.nn.sigmoid(lam_BTN) if self.spec.v2_lambda == "sigmoid" else lam_BTN
+
+  def project(self, x_BTD, positions_BT) -> Projected:
+    s = self.spec
+    q_BTNH = self._rope(self._heads(self.wq(x_BTD), 2 * s.num_heads), positions_BT)
+    k_BTKH = self._rope(self._heads(self.wk(x_BTD), s.kv_heads), positions_BT)
+    v_BTKH = self._heads(self.wv(x_BTD), s.kv_heads)
+    if s.v2_pairing == "halves":  # two maps whose kv groups differ: one plain 2h-head call
+      return Projected(q1=q_BTNH, k1=k_BTKH, v=v_BTKH, out_lam=self.lam(x_BTD))
+    return Projected(q1=q_BTNH[:, :, 0::2], k1=k_BTKH, v=v_BTKH, q2=q_BTNH[:, :, 1::2],
+                     lam=self.lam(x_BTD))
+
+  def output(self, o_BTNH, p):
+    if self.spec.v2_pairing == "halves":
+      h = self.spec.num_heads
+      lam_BTN1 = jnp.broadcast_to(p.out_lam, o_BTNH.shape[:2] + (h,))[..., None]
+      o_BTNH = (o_BTNH[:, :, :h] - lam_BTN1 * o_BTNH[:, :, h:]).astype(o_BTNH.dtype)
+    return self.wo(self._merge(o_BTNH))

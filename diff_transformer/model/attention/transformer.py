@@ -1,0 +1,25 @@
+"""Baseline causal softmax attention (MHA or GQA): the "Transformer" row of every table."""
+from __future__ import annotations
+
+from flax import nnx
+
+from diff_transformer.model.attention.base import Attention, Projected
+
+
+class TransformerAttention(Attention):
+  def __init__(self, spec, layer_idx, *, rngs: nnx.Rngs):
+    super().__init__(spec, layer_idx, rngs=rngs)
+    D, N, K, H = spec.d_model, spec.num_heads, spec.kv_heads, spec.head_dim
+    self.wq = self._dense(D, N * H, ("embed", "heads"), rngs)
+    self.wk = self._dense(D, K * H, ("embed", "kv_heads"), rngs)
+    self.wv = self._dense(D, K * H, ("embed", "kv_heads"), rngs)
+    self.wo = self._dense(N * H, D, ("heads", "embed"), rngs)
+
+  def project(self, x_BTD, positions_BT) -> Projected:
+    s = self.spec
+    q_BTNH = self._rope(self._heads(self.wq(x_BTD), s.num_heads), positions_BT)
+    k_BTKH = self._rope(self._heads(self.wk(x_BTD), s.kv_heads), positions_BT)
+    return Projected(q1=q_BTNH, k1=k_BTKH, v=self._heads(self.wv(x_BTD), s.kv_heads))
+
+  def output(self, o_BTNH, p):
+    return self.wo(self._merge(o_BTNH))

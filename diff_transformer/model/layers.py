@@ -1,0 +1,68 @@
+"""Building blocks shared by every variant: dense projections, RMSNorm, SwiGLU, RoPE."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+Array = jax.Array
+NORM_EPS = 1e-5
+
+
+def dense(d_in: int, d_out: int, names: tuple[str | None, str | None], *, dtype, rngs: nnx.Rngs,
+          std: float | None = 0.02, zeros: bool = False) -> nnx.Linear:
+  """Bias-free float32 projection computing in `dtype`; std None = fan-in (1/sqrt(d_in))."""
+  if zeros:
+    init = nnx.initializers.zeros_init()
+  elif std is None:
+    init = nnx.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")
+  else:
+    init = nnx.initializers.truncated_normal(std)
+  return nnx.Linear(d_in, d_out, use_bias=False, dtype=dtype, param_dtype=jnp.float32,
+                    kernel_init=nnx.with_partitioning(init, names), rngs=rngs)
+
+
+def rms_normalize(x: Array, scale: Array | None, eps: float = NORM_EPS) -> Array:
+  """RMSNorm over the last axis with float32 statistics; returns x's dtype."""
+  x32 = x.astype(jnp.float32)
+  y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+  if scale is not None:
+    y = y * scale
+  return y.astype(x.dtype)
+
+
+class RMSNorm(nnx.Module):
+  def __init__(self, dim: int, names: tuple[str, ...] = ("norm",)):
+    self.scale = nnx.Param(jnp.ones((dim,), jnp.float32), out_sharding=names)
+
+  def __call__(self, x: Array) -> Array:
+    return rms_normalize(x, self.scale[...])
+
+
+class SwiGLU(nnx.Module):
+  """(silu(x W_g) * (x W_1)) W_2, no biases."""
+
+  def __init__(self, d_model: int, ffn_dim: int, *, dtype, std: float, rngs: nnx.Rngs):
+    self.gate = dense(d_model, ffn_dim, ("embed", "mlp"), dtype=dtype, std=std, rngs=rngs)
+    self.up = dense(d_model, ffn_dim, ("embed", "mlp"), dtype=dtype, std=std, rngs=rngs)
+    self.down = dense(ffn_dim, d_model, ("mlp", "embed"), dtype=dtype, std=std, rngs=rngs)
+
+  def __call__(self, x_BTD: Array) -> Array:
+    return self.down(jax.nn.silu(self.gate(x_BTD)) * self.up(x_BTD))
+
+
+def rope(x_BTNH: Array, positions_BT: Array, theta: float, pairs: str = "interleaved") -> Array:
+  """Rotary embedding of every H-wide head. interleaved: pairs (2i, 2i+1) as the official code;
+  half: pairs (i, i + H/2) as LLaMA/HF (a weight permutation of the same model)."""
+  width = x_BTNH.shape[-1]
+  freq_K = theta ** (-jnp.arange(0, width, 2, dtype=jnp.float32) / width)
+  angle_BTK = positions_BT[..., None].astype(jnp.float32) * freq_K
+  cos, sin = jnp.cos(angle_BTK)[:, :, None], jnp.sin(angle_BTK)[:, :, None]
+  x = x_BTNH.astype(jnp.float32)
+  if pairs == "interleaved":
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    out = jnp.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1).reshape(x.shape)
+  else:
+    x1, x2 = x[..., : width // 2], x[..., width // 2:]
+    out = jnp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
+  return out.astype(x_BTNH.dtype)

@@ -1,0 +1,34 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="diff-transformer",
+    version="0.1.0",
+    description="JAX/Flax NNX research codebase for differential-attention Transformers "
+                "(DIFF V1, Shared DIFF, DIFF V2) and their Transformer baseline.",
+    packages=find_packages(include=["diff_transformer", "diff_transformer.*", "configs"]),
+    python_requires=">=3.10",
+    # Ranges tested here: jax 0.10.2, flax 0.12.8, optax 0.2.8, orbax-checkpoint 0.12.8,
+    # grain 0.2.18, ml-collections 1.1.0, chex 0.1.92 (Python 3.11, CPU).
+    install_requires=[
+        "jax>=0.10.2,<0.11",
+        "flax>=0.12.8,<0.13",
+        "optax>=0.2.8,<0.3",
+        "orbax-checkpoint>=0.12.8,<0.13",
+        "grain>=0.2.18,<0.3",
+        "array-record>=0.8.6",
+        "ml-collections>=1.1.0,<2",
+        "chex>=0.1.92,<0.2",
+        "absl-py>=2.1",
+        "numpy>=1.26",
+        "tokenizers>=0.21",
+        "tqdm>=4.66",
+        "tensorboardX>=2.6",
+        "matplotlib>=3.8",
+        "scipy>=1.11",
+    ],
+    extras_require={
+        "test": ["pytest>=8", "pytest-xdist>=3.5"],
+        "tpu": ["jax[tpu]>=0.10.2,<0.11"],
+        "cuda12": ["jax[cuda12]>=0.10.2,<0.11"],
+    },
+)
