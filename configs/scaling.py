@@ -14,7 +14,10 @@ Sources (SPEC.md section 6):
   integer (1.4B: 2048 / 20, 2.8B: 2880 / 28, 6.8B: 4096 / 40, 13.1B: 5120 / 60) we keep D, L, h
   and r, take d = D // 2h (rounded down to even for RoPE: 13.1B gets 84) and size W_O from 2h*d (a deviation from the table). The paper's §2.3
   parameter formula counts two low-rank terms; the code has four (Q1, Q2, K1, K2) and reports
-  what it has. Optimiser as the DIFF rows.
+  what it has. Optimiser as the DIFF rows. Note: Table 3's 2.8B/6.8B/13.1B rows are wider or
+  deeper than the DIFF rows of the same name (2880 x 32, 4096 x 35, 5120 x 44), so by the
+  formulas those Shared DIFF presets count MORE parameters than DIFF's (3.4B, 7.1B, 13.8B paper
+  count); at equal D, L, h, d Shared DIFF always has fewer (tests/test_params.py).
 - DIFF V2 rows mirror the Transformer rows (same D, L, h, h_kv, d); V2 adds D*h*d query and D*h
   lambda parameters per layer.
 - 3B rows (seeds/004 and seeds/000 Table 1): DIFF-3B L 28, D 3072, FFN 8192, 12 heads of 128;
@@ -64,7 +67,9 @@ SHARED_ROWS = {
 SHARED_FFN = {"2.8b": 7680, "3b": 7680}
 
 VARIANTS = ("transformer", "diff", "shared_diff", "diff_v2")
-NOMINAL = {"830m": 830e6, "1.4b": 1.4e9, "2.8b": 2.8e9, "6.8b": 6.8e9, "13.1b": 13.1e9, "3b": 2.8e9}
+# Nominal sizes of Table 10 (paper_params must land within 3%). The 3B rows are named by the
+# paper's "3B" but count 3.5B by the paper rule (the 3B text says "about 2.8B"); no check.
+NOMINAL = {"830m": 830e6, "1.4b": 1.4e9, "2.8b": 2.8e9, "6.8b": 6.8e9, "13.1b": 13.1e9}
 
 
 def preset_names() -> list[str]:

@@ -122,8 +122,9 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   kv = num_kv_heads(m)
   if kv <= 0:
     _fail("model.num_kv_heads", f"must be a positive integer, got {kv}")
-  if m.num_heads % kv:
-    _fail("model.num_kv_heads", f"{kv} kv heads do not divide {m.num_heads} heads")
+  query_heads = 2 * m.num_heads if m.variant == "diff_v2" else m.num_heads
+  if query_heads % kv:
+    _fail("model.num_kv_heads", f"{kv} kv heads do not divide {query_heads} query heads")
   if m.variant in ("diff", "shared_diff"):
     # h = D / 2d; Shared DIFF's Table 3 rows allow d = D // 2h (rounded down), as SPEC 4 says.
     ok = 2 * m.num_heads * m.head_dim <= m.d_model if m.variant == "shared_diff" else (

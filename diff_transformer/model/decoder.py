@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from diff_transformer.model import cache as kv_cache
 from diff_transformer.model.attention import VARIANTS
 from diff_transformer.model.layers import RMSNorm, SwiGLU, dense
 from diff_transformer.model.spec import ModelSpec
@@ -32,9 +33,16 @@ class Block(nnx.Module):
       aux = dict(hidden=x_BTD, attn_in=attn_in_BTD, **maps)
     else:
       y_BTD = self.attn(attn_in_BTD, positions_BT, segment_ids_BT)
-    x_BTD = constrain(x_BTD + y_BTD, ACT)
-    x_BTD = constrain(x_BTD + self.mlp(self.mlp_norm(x_BTD)), ACT)
-    return x_BTD, aux
+    return self._mlp(x_BTD + y_BTD), aux
+
+  def decode(self, x_BTD, positions_BT, cache_k, cache_v, start_B, mask_BTS):
+    y_BTD, cache_k, cache_v = self.attn.decode(self.attn_norm(x_BTD), positions_BT, cache_k,
+                                               cache_v, start_B, mask_BTS)
+    return self._mlp(x_BTD + y_BTD), cache_k, cache_v
+
+  def _mlp(self, y_BTD):
+    y_BTD = constrain(y_BTD, ACT)
+    return constrain(y_BTD + self.mlp(self.mlp_norm(y_BTD)), ACT)
 
 
 def _remat_policy(name: str):
@@ -75,10 +83,44 @@ class Decoder(nnx.Module):
     if self.spec.remat != "none":
       body = nnx.remat(body, policy=_remat_policy(self.spec.remat))
     x_BTD, aux = nnx.scan(body, in_axes=(nnx.Carry, 0), out_axes=(nnx.Carry, 0))(x_BTD, self.blocks)
+    logits_BTV = self._logits(x_BTD)
+    return (logits_BTV, aux) if capture else logits_BTV
+
+  def init_cache(self, batch: int, max_len: int) -> kv_cache.KVCache:
+    """An empty KV cache for `batch` rows of up to `max_len` tokens (see model/cache.py)."""
+    return kv_cache.init(self.spec, batch, max_len)
+
+  def decode(self, tokens_BT: Array, cache: kv_cache.KVCache, lengths_B: Array | None = None
+             ) -> tuple[Array, kv_cache.KVCache]:
+    """Incremental forward: float32 logits [B, T, V] for T new tokens and the updated cache.
+
+    Row b's tokens go to positions cache.lengths[b] + t and attend to everything cached before
+    them. Prefill a whole prompt with one call (T = prompt length), then decode one token at a
+    time. For right-padded prompts pass their true `lengths_B`: the cache then advances by those
+    lengths, the padding is overwritten by the next call, and the logits at lengths_B - 1 predict
+    each row's next token. The caller keeps cache.lengths + T <= cache.max_len (writes beyond
+    it are clamped by XLA).
+    """
+    start_B = cache.lengths
+    q_len = tokens_BT.shape[1]
+    positions_BT = start_B[:, None] + jnp.arange(q_len, dtype=jnp.int32)[None, :]
+    mask_BTS = kv_cache.decode_mask(start_B, q_len, cache.max_len)
+    x_BTD = constrain(self.embed(tokens_BT), ACT)
+
+    def body(x_BTD, block, cache_k, cache_v):
+      x_BTD, cache_k, cache_v = block.decode(x_BTD, positions_BT, cache_k, cache_v, start_B,
+                                             mask_BTS)
+      return x_BTD, (cache_k, cache_v)
+
+    x_BTD, (k, v) = nnx.scan(body, in_axes=(nnx.Carry, 0, 0, 0), out_axes=(nnx.Carry, 0))(
+        x_BTD, self.blocks, cache.k, cache.v)
+    advance_B = jnp.full_like(start_B, q_len) if lengths_B is None else lengths_B
+    return self._logits(x_BTD), kv_cache.KVCache(k=k, v=v, lengths=start_B + advance_B)
+
+  def _logits(self, x_BTD: Array) -> Array:
     x_BTD = self.final_norm(x_BTD)
     if self.spec.tie_embeddings:
       logits_BTV = self.embed.attend(x_BTD)
     else:
       logits_BTV = self.lm_head(x_BTD)
-    logits_BTV = constrain(logits_BTV.astype(jnp.float32), ("batch", "length", "vocab"))
-    return (logits_BTV, aux) if capture else logits_BTV
+    return constrain(logits_BTV.astype(jnp.float32), ("batch", "length", "vocab"))

@@ -2,7 +2,7 @@
 
 A variant subclasses `Attention` and defines `project` (inputs to the kernel contract of
 kernels/common.py, RoPE applied) and `output` (heads back to d_model). Everything else (kernel
-choice, packing masks, attention maps for analysis) lives here once.
+choice, packing masks, attention maps for analysis, KV-cache decoding) lives here once.
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from flax import nnx
 
 from diff_transformer import kernels
 from diff_transformer.kernels import reference
+from diff_transformer.model import cache as kv_cache
 from diff_transformer.model.layers import dense, rope
 from diff_transformer.model.spec import ModelSpec
 
@@ -50,6 +51,14 @@ class Attention(nnx.Module):
     del layer_idx, rngs
     self.spec = spec
     self.kernel = spec.kernel
+    # Analysis option: dynamic absmax quantisation of the attention logits to this many bits
+    # (reference kernel only; evaluation sets it on a copy of the model, training never does).
+    self.logit_bits: int | None = None
+
+  @classmethod
+  def cache_layout(cls, spec: ModelSpec) -> tuple[tuple[int, int], tuple[int, int]]:
+    """((key heads, key width), (value heads, value width)) a KV cache keeps per token."""
+    return (spec.kv_heads, spec.head_dim), (spec.kv_heads, spec.head_dim)
 
   def project(self, x_BTD: Array, positions_BT: Array) -> Projected:
     raise NotImplementedError
@@ -62,11 +71,33 @@ class Attention(nnx.Module):
     p = self.project(x_BTD, positions_BT)
     if return_maps:
       o_BTNH, maps = reference.attention_maps(p.q1, p.k1, p.v, p.q2, p.k2, p.lam,
-                                              segment_ids=segment_ids_BT)
+                                              segment_ids=segment_ids_BT,
+                                              logit_bits=self.logit_bits)
       return self.output(o_BTNH, p), maps
-    o_BTNH = kernels.attention(p.q1, p.k1, p.v, p.q2, p.k2, p.lam, segment_ids=segment_ids_BT,
-                               implementation=self.kernel)
+    o_BTNH = self._attend(p.q1, p.k1, p.v, p.q2, p.k2, p.lam, segment_ids=segment_ids_BT)
     return self.output(o_BTNH, p)
+
+  def decode(self, x_BTD: Array, positions_BT: Array, cache_k: Array, cache_v: Array,
+             start_B: Array, mask_BTS: Array) -> tuple[Array, Array, Array]:
+    """Writes this step's keys/values into the layer's cache at start_B and attends over it.
+
+    Returns (output, cache_k, cache_v). Keys are cached after RoPE; separate K1/K2 (DIFF V1,
+    Shared DIFF) are stacked along the head axis, so the cache is [K1; K2] with h_kv values.
+    """
+    p = self.project(x_BTD, positions_BT)
+    keys = p.k1 if p.k2 is None else jnp.concatenate([p.k1, p.k2], axis=2)
+    cache_k = kv_cache.write(cache_k, keys, start_B)
+    cache_v = kv_cache.write(cache_v, p.v, start_B)
+    k1, k2 = (cache_k, None) if p.k2 is None else jnp.split(cache_k, 2, axis=2)
+    o_BTNH = self._attend(p.q1, k1, cache_v, p.q2, k2, p.lam, mask=mask_BTS)
+    return self.output(o_BTNH, p), cache_k, cache_v
+
+  def _attend(self, q1, k1, v, q2, k2, lam, **kw) -> Array:
+    if self.logit_bits is not None:
+      return reference.attention(q1, k1, v, q2, k2, lam, logit_bits=self.logit_bits, **kw)
+    # The fused Pallas kernel takes no explicit mask; decoding uses the XLA path instead.
+    kernel = "xla" if "mask" in kw and self.kernel == "pallas" else self.kernel
+    return kernels.attention(q1, k1, v, q2, k2, lam, implementation=kernel, **kw)
 
   # Helpers for the variants.
   def _dense(self, d_in: int, d_out: int, names, rngs, **kw) -> nnx.Linear:

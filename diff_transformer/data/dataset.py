@@ -1,0 +1,118 @@
+"""A prepared data directory opened for reading: tokenizer + metadata + memory-mapped splits."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from pathlib import Path
+
+import ml_collections
+import numpy as np
+
+from diff_transformer.data import corpus
+from diff_transformer.data.common import DataError, cache_root
+from diff_transformer.data.prepare import SPLITS, prepare_documents, read_metadata
+from diff_transformer.data.tokenizer import Tokenizer, check_name, load_tokenizer
+
+DATASETS = ("shakespeare", "prepared")
+
+
+@dataclasses.dataclass(frozen=True)
+class Dataset:
+  """What training and evaluation need from the data: open it with `load_dataset`."""
+  path: Path  # the prepared directory
+  tokenizer: Tokenizer
+  metadata: dict
+  seq_len: int
+
+  @property
+  def vocab_size(self) -> int:
+    return self.tokenizer.vocab_size
+
+  @property
+  def eot_id(self) -> int:
+    return self.tokenizer.eot_id
+
+  def tokens(self, split: str) -> np.ndarray:
+    """The split's whole token stream, memory-mapped (eot d0 eot d1 ... eot)."""
+    return _memmap(self.path / self.metadata["splits"][split]["file"], self.metadata["dtype"])
+
+  def offsets(self, split: str) -> np.ndarray:
+    """int64 positions of the eot ids framing the split's documents (num_documents + 1)."""
+    return np.load(self.path / self.metadata["splits"][split]["index"])
+
+  def document_tokens(self, split: str) -> list[np.ndarray]:
+    """Each document's tokens without the eot framing."""
+    toks, off = self.tokens(split), self.offsets(split)
+    return [np.asarray(toks[a + 1:b], np.int32) for a, b in zip(off[:-1], off[1:])]
+
+
+@functools.lru_cache(maxsize=16)
+def _memmap(path: Path, dtype: str) -> np.ndarray:
+  return np.memmap(path, dtype=np.dtype(dtype).newbyteorder("<"), mode="r")
+
+
+def _prepared_dir(data_config: ml_collections.ConfigDict) -> Path:
+  """The directory config.data names; the built-in corpus is fetched and prepared on first use."""
+  check_name(data_config.tokenizer)
+  if data_config.name == "prepared":
+    if not data_config.path:
+      raise DataError("data.path: required with data.name=prepared (a directory written by "
+                      "prepare_data.py)")
+    return Path(data_config.path).expanduser().resolve()
+  if data_config.name != "shakespeare":
+    raise DataError(f"data.name: unknown dataset '{data_config.name}'; choose one of "
+                    f"{', '.join(DATASETS)}")
+  # One prepared copy per (tokenizer, vocab, held-out fraction); the split itself is by content.
+  vocab = f"-{data_config.bpe_vocab_size}" if data_config.tokenizer == "bpe" else ""
+  out = (cache_root(data_config.cache_dir) / "shakespeare" /
+         f"{data_config.tokenizer}{vocab}-val{data_config.val_fraction:g}")
+  if not out.is_dir():
+    docs = corpus.shakespeare_documents(data_config.cache_dir)
+    print(f"Preparing the Shakespeare corpus into {out}", flush=True)
+    prepare_documents(lambda: iter(docs), out, tokenizer=data_config.tokenizer,
+                      bpe_vocab_size=int(data_config.bpe_vocab_size),
+                      val_fraction=float(data_config.val_fraction),
+                      sources=[f"{corpus.PACKAGE}:{n}" for n, _ in docs], force=False)
+  return out
+
+
+def load_dataset(data_config: ml_collections.ConfigDict, *, seq_len: int | None = None
+                 ) -> Dataset:
+  """Opens (fetching/preparing the built-in corpus if needed) the data config.data describes.
+
+  seq_len defaults to config.data.seq_len; the iterators use the dataset's seq_len.
+  """
+  path = _prepared_dir(data_config)
+  meta = read_metadata(path)
+  recorded = meta["tokenizer"]
+  if recorded["name"] != data_config.tokenizer or (
+      recorded["name"] == "bpe" and meta.get("requested_bpe_vocab_size") not in (
+          None, data_config.bpe_vocab_size)):
+    want = data_config.tokenizer + (f" (bpe_vocab_size={data_config.bpe_vocab_size})"
+                                    if data_config.tokenizer == "bpe" else "")
+    have = recorded["name"] + (f" (bpe_vocab_size={meta.get('requested_bpe_vocab_size')})"
+                               if recorded["name"] == "bpe" else "")
+    raise DataError(f"data.tokenizer: config asks for {want} but {path} was prepared with "
+                    f"{have}; set --config.data.tokenizer/bpe_vocab_size to match or prepare "
+                    "again")
+  tok = load_tokenizer(recorded, path)
+  seq_len = int(data_config.seq_len if seq_len is None else seq_len)
+  if seq_len <= 0:
+    raise DataError(f"data.seq_len: must be positive, got {seq_len}")
+  for split in SPLITS:
+    n = meta["splits"][split]["stream_tokens"] * np.dtype(meta["dtype"]).itemsize
+    file = path / meta["splits"][split]["file"]
+    if not file.is_file() or file.stat().st_size != n:
+      raise DataError(f"{file}: missing or not {n} bytes as metadata.json says; prepare again")
+  return Dataset(path=path, tokenizer=tok, metadata=meta, seq_len=seq_len)
+
+
+def heldout_documents(dataset: Dataset) -> list[str]:
+  """The validation split's documents as text (decoded; the tokenizers are lossless)."""
+  return [dataset.tokenizer.decode(d.tolist()) for d in dataset.document_tokens("val")]
+
+
+def unigram_entropy(dataset: Dataset) -> float:
+  """Entropy (nats/token) of the train targets' unigram distribution: the loss of a model that
+  ignores context. A trained LM should end clearly below it."""
+  return float(dataset.metadata["unigram_entropy_nats"])  # counted by prepare over train targets

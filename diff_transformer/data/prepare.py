@@ -1,0 +1,259 @@
+"""Text -> tokenized train/validation shards + metadata.json (used by prepare_data.py and the
+built-in corpus alike).
+
+On-disk format (one directory):
+  train.bin, val.bin      flat little-endian token streams, uint16 (vocab <= 65536) else uint32:
+                          eot d0 eot d1 eot ... eot  (every document framed by end-of-text ids)
+  train.idx.npy, val.idx.npy  int64 offsets of those eot ids (num_documents + 1 entries); document
+                          i's training pairs are inputs stream[o_i:o_{i+1}], targets shifted by 1
+  tokenizer.json          the BPE (absent for the byte tokenizer)
+  metadata.json           vocab size, dtype, tokenizer name + checksum, eot id, counts per split
+Why flat token files and not ArrayRecord: the pipeline needs O(1) random access to arbitrary
+seq_len-sized slices of documents for any seq_len chosen at train time; a memory-mapped flat
+array gives that with zero copies and no per-record decoding, and the offsets index keeps the
+document boundaries that ArrayRecord's records would otherwise encode.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from diff_transformer.data.common import DataError, atomic_dir
+from diff_transformer.data.tokenizer import (TOKENIZER_FILE, BPETokenizer, ByteTokenizer,
+                                             Tokenizer, check_name, describe)
+
+FORMAT_VERSION = 1
+METADATA = "metadata.json"
+SPLITS = ("train", "val")
+_ENCODE_BATCH = 64
+
+Documents = Callable[[], Iterable[tuple[str, str]]]  # re-iterable source of (name, text)
+
+
+# ---------------------------------------------------------------------------- reading inputs
+def list_input_files(inputs: Sequence[str | Path]) -> list[Path]:
+  """Expands files and directories (recursively, sorted) into .txt/.jsonl files."""
+  files: list[Path] = []
+  if not inputs:
+    raise DataError("no input given; pass --input FILE_OR_DIR (.txt or .jsonl)")
+  for item in inputs:
+    path = Path(item).expanduser()
+    if not path.exists():
+      raise DataError(f"{path}: no such file or directory")
+    if path.is_dir():
+      found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in (".txt", ".jsonl"))
+      if not found:
+        raise DataError(f"{path}: no .txt or .jsonl files inside")
+      files.extend(found)
+    elif path.suffix in (".txt", ".jsonl"):
+      files.append(path)
+    else:
+      raise DataError(f"{path}: unsupported file type '{path.suffix}' (use .txt or .jsonl)")
+  return files
+
+
+def _read_text(path: Path) -> str:
+  try:
+    return path.read_bytes().decode("utf-8")
+  except UnicodeDecodeError as e:
+    raise DataError(f"{path}: not valid UTF-8 text (byte {e.start})") from e
+
+
+def read_documents(files: Sequence[Path], text_field: str = "text") -> Iterator[tuple[str, str]]:
+  """(name, text): a .txt file is one document; each .jsonl line's `text_field` is one."""
+  for path in files:
+    if path.suffix == ".txt":
+      text = _read_text(path)
+      if not text.strip():
+        raise DataError(f"{path}: empty file")
+      yield str(path), text
+      continue
+    count = 0
+    for lineno, line in enumerate(_read_text(path).splitlines(), 1):
+      if not line.strip():
+        continue
+      try:
+        record = json.loads(line)
+      except json.JSONDecodeError as e:
+        raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg})") from e
+      if not isinstance(record, dict) or text_field not in record:
+        raise DataError(f"{path}:{lineno}: no '{text_field}' field")
+      text = record[text_field]
+      if not isinstance(text, str):
+        raise DataError(f"{path}:{lineno}: field '{text_field}' is {type(text).__name__}, "
+                        "not a string")
+      if text.strip():  # an empty record is no document; the file as a whole must have some
+        count += 1
+        yield f"{path}:{lineno}", text
+    if count == 0:
+      raise DataError(f"{path}: no non-empty '{text_field}' field in any line")
+
+
+# --------------------------------------------------------------------------------- the split
+def plan_split(sizes: Sequence[int], hashes: Sequence[str], val_fraction: float) -> dict:
+  """Chooses held-out text: whole documents when they fit the fraction, else each one's tail.
+
+  Documents are ranked by the sha256 of their text, so the choice depends only on the content,
+  not on file order or any seed. Greedy: take ranked documents no larger than twice the target
+  until the target is reached. If that gives under half the target (few, large documents), the
+  last `val_fraction` of every document (cut at a line break) is held out instead.
+  """
+  if not 0.0 < val_fraction < 1.0:
+    raise DataError(f"data.val_fraction: must be in (0, 1), got {val_fraction}")
+  total = sum(sizes)
+  target = val_fraction * total
+  val: list[int] = []
+  got = 0
+  for i in sorted(range(len(sizes)), key=lambda i: hashes[i]):
+    if got >= target:
+      break
+    if sizes[i] <= 2 * target:
+      val.append(i)
+      got += sizes[i]
+  if got >= target / 2 and len(val) < len(sizes):
+    return dict(mode="by_document", val=sorted(val))
+  return dict(mode="by_fraction", val=[])
+
+
+def _cut(text: str, val_fraction: float) -> int:
+  at = int(len(text) * (1.0 - val_fraction))
+  line = text.rfind("\n", 0, at) + 1
+  return line if line > 0 else at
+
+
+def split_documents(documents: Documents, plan: dict,
+                    val_fraction: float) -> Iterator[tuple[int, str, str, str]]:
+  """(input index, split, name, text) in input order under `plan`."""
+  val = set(plan["val"])
+  for i, (name, text) in enumerate(documents()):
+    if plan["mode"] == "by_document":
+      yield i, ("val" if i in val else "train"), name, text
+    else:
+      cut = _cut(text, val_fraction)
+      if text[:cut].strip():
+        yield i, "train", name, text[:cut]
+      if text[cut:].strip():
+        yield i, "val", f"{name}[tail]", text[cut:]
+
+
+# ------------------------------------------------------------------------------ the writing
+def _token_dtype(vocab_size: int) -> np.dtype:
+  return np.dtype("<u2") if vocab_size <= 1 << 16 else np.dtype("<u4")
+
+
+def _batched(items: Iterable, n: int) -> Iterator[list]:
+  batch = []
+  for item in items:
+    batch.append(item)
+    if len(batch) == n:
+      yield batch
+      batch = []
+  if batch:
+    yield batch
+
+
+def prepare_documents(documents: Documents, output: str | Path, *, tokenizer: str = "bpe",
+                      bpe_vocab_size: int = 8192, val_fraction: float = 0.05,
+                      sources: Sequence[str] = (), force: bool = False,
+                      progress: bool = True) -> dict:
+  """Tokenizes `documents` into `output` (published atomically); returns the metadata."""
+  check_name(tokenizer)
+  output = Path(output).expanduser().resolve()
+  if output.exists():
+    if not (output / METADATA).is_file() and any(output.iterdir()):
+      raise DataError(f"{output}: exists and is not a prepared data directory; choose another "
+                      "--output")
+    if not force:
+      raise DataError(f"{output}: already holds prepared data; pass --force to overwrite")
+  # Pass 1: sizes and content hashes only (validates every input before any slow work).
+  sizes, hashes = [], []
+  # delay: no bar (and no noise before a one-line input error) unless the scan is slow.
+  for _, text in tqdm(documents(), desc="scan", unit="doc", disable=not progress, delay=2):
+    sizes.append(len(text))
+    hashes.append(hashlib.sha256(text.encode("utf-8")).hexdigest())
+  if not sizes:
+    raise DataError("no documents in the input")
+  plan = plan_split(sizes, hashes, val_fraction)
+
+  with atomic_dir(output, replace=force) as tmp:
+    if tokenizer == "byte":
+      tok: Tokenizer = ByteTokenizer()
+    else:  # Pass 2: BPE on the training split only, so validation text stays unseen.
+      train_texts = (t for _, s, _, t in split_documents(documents, plan, val_fraction)
+                     if s == "train")
+      tok = BPETokenizer.train(train_texts, bpe_vocab_size)
+      tok.save(tmp / TOKENIZER_FILE)
+    meta = _write_splits(documents, plan, val_fraction, tok, tmp, len(sizes), progress)
+    meta.update(format=FORMAT_VERSION, split_mode=plan["mode"], val_fraction=val_fraction,
+                requested_bpe_vocab_size=bpe_vocab_size if tokenizer == "bpe" else None,
+                sources=list(sources))
+    (tmp / METADATA).write_text(json.dumps(meta, indent=2) + "\n")
+  return meta
+
+
+def _write_splits(documents: Documents, plan: dict, val_fraction: float, tok: Tokenizer,
+                  out: Path, num_docs: int, progress: bool) -> dict:
+  """Pass 3: encode every document into its split's stream; counts and unigram statistics."""
+  dtype = _token_dtype(tok.vocab_size)
+  files = {s: open(out / f"{s}.bin", "wb") for s in SPLITS}
+  offsets = {s: [0] for s in SPLITS}
+  names: dict[str, list[str]] = {s: [] for s in SPLITS}
+  counts = np.zeros(tok.vocab_size, np.int64)  # train targets: every token and each final eot
+  eot = np.array([tok.eot_id], dtype)
+  try:
+    for f in files.values():
+      f.write(eot.tobytes())
+    stream = split_documents(documents, plan, val_fraction)
+    bar = tqdm(total=num_docs, desc=f"tokenize ({tok.name})", unit="doc", disable=not progress)
+    done = -1
+    for batch in _batched(stream, _ENCODE_BATCH):
+      for (i, split, name, _), ids in zip(batch, tok.encode_batch([t for *_, t in batch])):
+        arr = np.asarray(ids + [tok.eot_id], dtype)
+        files[split].write(arr.tobytes())
+        offsets[split].append(offsets[split][-1] + len(arr))
+        names[split].append(name)
+        if split == "train":
+          counts += np.bincount(arr, minlength=tok.vocab_size)
+        bar.update(i - done)
+        done = i
+    bar.close()
+  finally:
+    for f in files.values():
+      f.close()
+  for s in SPLITS:
+    if len(offsets[s]) < 2:
+      raise DataError(f"too little text to hold out a {s} split (val_fraction={val_fraction})")
+    np.save(out / f"{s}.idx.npy", np.asarray(offsets[s], np.int64))
+  p = counts[counts > 0] / counts.sum()
+  splits = {s: dict(file=f"{s}.bin", index=f"{s}.idx.npy", documents=len(names[s]),
+                    tokens=int(offsets[s][-1] - len(names[s])),  # without the eot framing
+                    stream_tokens=int(offsets[s][-1] + 1)) for s in SPLITS}
+  splits["val"]["document_names"] = names["val"]  # small; which text is held out
+  return dict(tokenizer=describe(tok), vocab_size=int(tok.vocab_size), eot_id=int(tok.eot_id),
+              dtype=dtype.name, splits=splits,
+              unigram_entropy_nats=float(-(p * np.log(p)).sum()))
+
+
+def prepare_files(inputs: Sequence[str | Path], output: str | Path, *, text_field: str = "text",
+                  **kwargs) -> dict:
+  """prepare_data.py's work: user .txt/.jsonl files or directories -> a prepared directory."""
+  files = list_input_files(inputs)
+  return prepare_documents(lambda: read_documents(files, text_field), output,
+                           sources=[str(f) for f in files], **kwargs)
+
+
+def read_metadata(directory: str | Path) -> dict:
+  path = Path(directory).expanduser() / METADATA
+  if not path.is_file():
+    raise DataError(f"{path}: not found; write it with `python prepare_data.py --input "
+                    f"FILE_OR_DIR --output {Path(directory)}`")
+  meta = json.loads(path.read_text())
+  if meta.get("format") != FORMAT_VERSION:
+    raise DataError(f"{path}: format {meta.get('format')} is not {FORMAT_VERSION}; prepare again")
+  return meta
+

@@ -1,0 +1,246 @@
+"""The jitted train and eval steps: pure functions of (state, batch) over nnx.split state.
+
+The train state is a plain pytree (dict) of arrays:
+  step       int32 []       optimizer updates applied so far
+  params     pure dict      nnx.Param leaves of the model (float32)
+  constants  pure dict      the other model variables (per-layer lambda_init), never trained
+  opt_state  optax state    AdamW moments sharded like their parameters
+
+Plain jax.jit over split state (not nnx.jit): the model graph is rebuilt by nnx.merge at trace
+time only, so dispatch is cheap (STACK.md). Shardings come from the parameters' logical
+`out_sharding` names through sharding.LOGICAL_RULES; the state is created inside jit with those
+out_shardings, so no parameter is ever materialised whole on one device.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from diff_transformer.model import build_model
+from diff_transformer.model.spec import ModelSpec
+from diff_transformer.sharding import constrain, logical_to_spec
+from diff_transformer.training.optim import learning_rate_schedule, make_optimizer
+
+State = dict[str, Any]
+Batch = dict[str, jax.Array]
+DIFF_V1_LIKE = ("diff", "shared_diff")
+
+
+def _dict_tail(path) -> tuple[str, ...]:
+  """The trailing run of dict keys of a pytree path (a parameter's path inside any wrapper)."""
+  tail: list[str] = []
+  for k in reversed(path):
+    if not isinstance(k, jax.tree_util.DictKey):
+      break
+    tail.append(str(k.key))
+  return tuple(reversed(tail))
+
+
+class Trainer:
+  """Builds the model's state, its shardings and the jitted steps for one config and mesh."""
+
+  def __init__(self, config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh):
+    self.config, self.mesh = config, mesh
+    self.spec = ModelSpec.from_config(config.model)
+    self.tx = make_optimizer(config.train)
+    self.schedule = learning_rate_schedule(config.train)
+    self.micro_batches = int(config.train.micro_batches)
+    self.z_loss = float(config.train.z_loss)
+    abstract = nnx.eval_shape(lambda: build_model(self.spec, nnx.Rngs(0)))
+    self.graphdef, abs_params, _ = nnx.split(abstract, nnx.Param, ...)
+    logical = nnx.get_partition_spec(abs_params).to_pure_dict()
+    self.param_shardings = jax.tree.map(
+        lambda p: NamedSharding(mesh, logical_to_spec(tuple(p))), logical,
+        is_leaf=lambda x: isinstance(x, P))
+    self.replicated = NamedSharding(mesh, P())
+    self.abstract_state = jax.eval_shape(functools.partial(self._init_fn, 0))
+    self.state_shardings = self._shardings(self.abstract_state)
+    self.abstract_state = jax.tree.map(
+        lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+        self.abstract_state, self.state_shardings)
+    self._init = jax.jit(self._init_fn, static_argnums=0, out_shardings=self.state_shardings)
+    self._train_step = jax.jit(self._train_step_fn, out_shardings=(self.state_shardings, None),
+                               donate_argnums=0)
+    self._grads = jax.jit(self._grads_fn)
+    self._eval_step = jax.jit(self._eval_step_fn)
+    self._lambda_stats = jax.jit(self._lambda_stats_fn)
+
+  # ---- state and shardings -------------------------------------------------------------
+  def _shardings(self, abstract_state: State) -> State:
+    """Parameters by their logical names; optimizer leaves like the parameter they track."""
+    flat = {tuple(_dict_tail(p)): s for p, s in
+            jax.tree_util.tree_flatten_with_path(self.param_shardings)[0]}
+    shapes = {tuple(_dict_tail(p)): s.shape for p, s in
+              jax.tree_util.tree_flatten_with_path(abstract_state["params"])[0]}
+
+    def opt_leaf(path, leaf):
+      key = _dict_tail(path)
+      if key in flat and shapes[key] == leaf.shape:
+        return flat[key]
+      return self.replicated  # counters and other scalars
+
+    return dict(step=self.replicated, params=self.param_shardings,
+                constants=jax.tree.map(lambda _: self.replicated, abstract_state["constants"]),
+                opt_state=jax.tree_util.tree_map_with_path(opt_leaf, abstract_state["opt_state"]))
+
+  def _init_fn(self, seed: int) -> State:
+    model = build_model(self.spec, nnx.Rngs(seed))
+    _, params, constants = nnx.split(model, nnx.Param, ...)
+    params = params.to_pure_dict()
+    return dict(step=jnp.zeros((), jnp.int32), params=params,
+                constants=constants.to_pure_dict(), opt_state=self.tx.init(params))
+
+  def init(self, seed: int | None = None) -> State:
+    """A fresh sharded state; every array is created in place on its devices."""
+    seed = int(self.config.train.seed if seed is None else seed)
+    with jax.set_mesh(self.mesh):
+      return self._init(seed)
+
+  def model(self, state: State) -> nnx.Module:
+    """An nnx model viewing the state's parameters (for evaluation or analysis)."""
+    return nnx.merge(self.graphdef, state["params"], state["constants"])
+
+  # ---- loss ------------------------------------------------------------------------------
+  def _loss_fn(self, params, constants, batch: Batch, total_weight):
+    """(objective, (nll sum, z sum)); the objective is already divided by the whole batch's
+    token count, so gradients of micro-batches simply add up to the full batch's gradient."""
+    model = nnx.merge(self.graphdef, params, constants)
+    logits_BTV = model(batch["inputs"], batch["positions"], batch["segment_ids"])
+    logz_BT = jax.nn.logsumexp(logits_BTV, axis=-1)
+    target_BT = jnp.take_along_axis(logits_BTV, batch["targets"][..., None], axis=-1)[..., 0]
+    w_BT = batch["weights"]
+    nll_sum = jnp.sum(w_BT * (logz_BT - target_BT))
+    z_sum = jnp.sum(w_BT * jnp.square(logz_BT))
+    objective = (nll_sum + self.z_loss * z_sum) / total_weight
+    return objective, (nll_sum, z_sum)
+
+  def _grads_fn(self, params, constants, batch: Batch):
+    """Gradients over the whole batch, accumulated over micro-batches with lax.scan."""
+    total_weight = jnp.maximum(jnp.sum(batch["weights"]), 1.0)
+    grad_fn = jax.value_and_grad(self._loss_fn, has_aux=True)
+    m = self.micro_batches
+    if m == 1:
+      (_, (nll_sum, z_sum)), grads = grad_fn(params, constants, batch, total_weight)
+      return grads, nll_sum, z_sum, total_weight
+
+    def split(x_BT):
+      # Row j*m + i goes to micro-batch i: each device keeps its own rows (no resharding).
+      x_JMT = x_BT.reshape(x_BT.shape[0] // m, m, *x_BT.shape[1:])
+      return constrain(jnp.swapaxes(x_JMT, 0, 1), (None, "batch", "length"))
+
+    def body(carry, micro):
+      g_acc, nll_acc, z_acc = carry
+      (_, (nll_sum, z_sum)), g = grad_fn(params, constants, micro, total_weight)
+      return (jax.tree.map(jnp.add, g_acc, g), nll_acc + nll_sum, z_acc + z_sum), None
+
+    zeros = jax.lax.with_sharding_constraint(jax.tree.map(jnp.zeros_like, params),
+                                             self.param_shardings)
+    init = (zeros, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32))
+    (grads, nll_sum, z_sum), _ = jax.lax.scan(body, init, jax.tree.map(split, batch))
+    return grads, nll_sum, z_sum, total_weight
+
+  def _lambda_of_layers(self, params, constants) -> jax.Array | None:
+    """DIFF V1 / Shared DIFF: lambda [L] via each layer's attention lam() (parameters only)."""
+    if self.spec.variant not in DIFF_V1_LIKE:
+      return None
+    model = nnx.merge(self.graphdef, params, constants)
+    attn_def, attn_state = nnx.split(model.blocks.attn)
+    return jax.vmap(lambda s: nnx.merge(attn_def, s).lam())(attn_state)
+
+  def _train_step_fn(self, state: State, batch: Batch) -> tuple[State, dict]:
+    params = state["params"]
+    grads, nll_sum, z_sum, total_weight = self._grads_fn(params, state["constants"], batch)
+    updates, opt_state = self.tx.update(grads, state["opt_state"], params)
+    metrics = dict(loss=nll_sum / total_weight, grad_norm=optax.global_norm(grads),
+                   lr=self.schedule(state["step"]), tokens=total_weight)
+    if self.z_loss:
+      metrics["z_loss"] = z_sum / total_weight
+    lam_L = self._lambda_of_layers(params, state["constants"])
+    if lam_L is not None:
+      metrics["lambda"] = lam_L
+    new_state = dict(step=state["step"] + 1, params=optax.apply_updates(params, updates),
+                     constants=state["constants"], opt_state=opt_state)
+    return new_state, metrics
+
+  def _eval_step_fn(self, params, constants, batch: Batch):
+    _, (nll_sum, _) = self._loss_fn(params, constants, batch, 1.0)
+    return nll_sum, jnp.sum(batch["weights"])
+
+  def _lambda_stats_fn(self, params, constants, batch: Batch) -> jax.Array:
+    """DIFF V2: the mean over real tokens and heads of each layer's lambda (sigmoid by default).
+
+    V2's lambda depends on the layer input, so this repeats the decoder's forward (embedding,
+    then the scanned blocks) and reads each block's attn.lam(attn_norm(x)) on the way.
+    """
+    model = nnx.merge(self.graphdef, params, constants)
+    w_BT = batch["weights"]
+    x_BTD = model.embed(batch["inputs"])
+
+    def body(x_BTD, block):
+      lam = block.attn.lam(block.attn_norm(x_BTD))
+      lam_BTN = jnp.broadcast_to(lam, x_BTD.shape[:2] + (self.spec.num_heads,))
+      mean = jnp.sum(lam_BTN * w_BT[..., None]) / jnp.maximum(
+          jnp.sum(w_BT) * self.spec.num_heads, 1.0)
+      x_BTD, _ = block(x_BTD, batch["positions"], batch["segment_ids"])
+      return x_BTD, mean
+
+    _, mean_L = nnx.scan(body, in_axes=(nnx.Carry, 0), out_axes=(nnx.Carry, 0))(
+        x_BTD, model.blocks)
+    return mean_L
+
+  # ---- public entry points (run under the mesh so activation constraints apply) -----------
+  def train_step(self, state: State, batch: Batch) -> tuple[State, dict]:
+    with jax.set_mesh(self.mesh):
+      return self._train_step(state, batch)
+
+  def grads(self, state: State, batch: Batch):
+    """(grads, mean loss) of one step without updating: for the sharding-equality tests."""
+    with jax.set_mesh(self.mesh):
+      grads, nll_sum, _, total_weight = self._grads(state["params"], state["constants"], batch)
+      return grads, nll_sum / total_weight
+
+  def eval_step(self, state: State, batch: Batch):
+    """(sum of token NLL, number of real tokens) of one held-out batch."""
+    with jax.set_mesh(self.mesh):
+      return self._eval_step(state["params"], state["constants"], batch)
+
+  def lambda_stats(self, state: State, batch: Batch) -> jax.Array | None:
+    """Per-layer DIFF V2 lambda mean on this batch (None for other variants)."""
+    if self.spec.variant != "diff_v2" or self.spec.v2_lambda == "none":
+      return None
+    with jax.set_mesh(self.mesh):
+      return self._lambda_stats(state["params"], state["constants"], batch)
+
+
+@functools.lru_cache(maxsize=None)
+def _fingerprint_fn():
+  def leaf_sums(x):
+    # Wrapping uint32 sums are associative: the same bits give the same digest on any mesh.
+    if x.dtype.itemsize == 4:
+      u = jax.lax.bitcast_convert_type(x, jnp.uint32)
+    elif x.dtype.itemsize == 2:
+      u = jax.lax.bitcast_convert_type(x, jnp.uint16).astype(jnp.uint32)
+    else:
+      u = x.astype(jnp.uint32)
+    u = u.reshape(-1)
+    return jnp.stack([jnp.sum(u, dtype=jnp.uint32), jnp.sum(u * (u | 1), dtype=jnp.uint32)])
+
+  return jax.jit(lambda tree: jax.tree.map(leaf_sums, tree))
+
+
+def fingerprint(tree) -> str:
+  """A hex digest of the exact bits of every array of `tree`, independent of its sharding."""
+  import hashlib
+  sums = jax.device_get(_fingerprint_fn()(tree))
+  h = hashlib.sha256()
+  for path, v in jax.tree_util.tree_flatten_with_path(sums)[0]:
+    h.update(jax.tree_util.keystr(path).encode())
+    h.update(bytes(memoryview(v.astype("<u4"))))
+  return h.hexdigest()

@@ -1,0 +1,128 @@
+"""Independent float64 numpy implementations of the SPEC formulas, written head by head.
+
+Shares no code with the package: used to check every attention path.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+EPS = 1e-5
+
+
+def rope(x_TNH: np.ndarray, pos_T: np.ndarray, theta: float) -> np.ndarray:
+  """Interleaved pairs (2i, 2i+1) rotated as complex numbers by pos * theta^(-2i/H)."""
+  width = x_TNH.shape[-1]
+  freq = theta ** (-np.arange(0, width, 2) / width)
+  z = (x_TNH[..., 0::2] + 1j * x_TNH[..., 1::2]) * np.exp(1j * pos_T[:, None] * freq)[:, None, :]
+  out = np.empty_like(x_TNH)
+  out[..., 0::2], out[..., 1::2] = z.real, z.imag
+  return out
+
+
+def allowed(seg_T: np.ndarray | None, T: int, causal: bool = True) -> np.ndarray:
+  ok = np.ones((T, T), bool)
+  if causal:
+    ok &= np.tril(np.ones((T, T), bool))
+  if seg_T is not None:
+    ok &= seg_T[:, None] == seg_T[None, :]
+  return ok
+
+
+def softmax_map(q_TH, k_SH, ok_TS, scale):
+  logits = q_TH @ k_SH.T * scale
+  logits = np.where(ok_TS, logits, -np.inf)
+  logits -= logits.max(-1, keepdims=True)
+  w = np.exp(logits)
+  return w / w.sum(-1, keepdims=True)
+
+
+def diff_kernel(q1, k1, v, q2=None, k2=None, lam=None, seg=None, causal=True):
+  """The kernel contract, per batch row and head: [B,T,H,dk] x [B,S,K,dk] -> [B,T,H,dv]."""
+  B, T, H, dk = q1.shape
+  K = k1.shape[2]
+  out = np.zeros((B, T, H, v.shape[-1]))
+  for b in range(B):
+    ok = allowed(None if seg is None else seg[b], T, causal)
+    for n in range(H):
+      g = n // (H // K)
+      o = softmax_map(q1[b, :, n], k1[b, :, g], ok, dk ** -0.5) @ v[b, :, g]
+      if q2 is not None:
+        kk = k1 if k2 is None else k2
+        lam_t = np.broadcast_to(np.asarray(lam, np.float64), (B, T, H))[b, :, n]
+        o = o - lam_t[:, None] * (softmax_map(q2[b, :, n], kk[b, :, g], ok, dk ** -0.5) @ v[b, :, g])
+      out[b, :, n] = o
+  return out
+
+
+def lambda_init(layer: int) -> float:
+  return 0.8 - 0.6 * np.exp(-0.3 * layer)
+
+
+def diff_v1(x_BTD, w, *, h, K, d, layer, seg=None, theta=1e4, subln=True, shared=False):
+  """DIFF V1 (or Shared DIFF with shared=True) attention sub-layer, float64."""
+  B, T, _ = x_BTD.shape
+  pos = np.arange(T, dtype=np.float64)
+  lam = (np.exp(np.sum(w["lq1"] * w["lk1"])) - np.exp(np.sum(w["lq2"] * w["lk2"]))
+         + lambda_init(layer))
+  out = np.zeros((B, T, h * 2 * d))
+  for b in range(B):
+    x = x_BTD[b]
+    if shared:
+      q1 = (x @ w["wq"] + x @ w["uq1"] @ w["vq1"]).reshape(T, h, d)
+      q2 = (x @ w["wq"] + x @ w["uq2"] @ w["vq2"]).reshape(T, h, d)
+      k1 = (x @ w["wk"] + x @ w["uk1"] @ w["vk1"]).reshape(T, K, d)
+      k2 = (x @ w["wk"] + x @ w["uk2"] @ w["vk2"]).reshape(T, K, d)
+    else:
+      q = (x @ w["wq"]).reshape(T, 2 * h, d)
+      k = (x @ w["wk"]).reshape(T, 2 * K, d)
+      q1, q2 = q[:, 0::2], q[:, 1::2]  # head i: sub-heads 2i, 2i+1
+      k1, k2 = k[:, 0::2], k[:, 1::2]
+    v = (x @ w["wv"]).reshape(T, K, 2 * d)
+    q1, q2, k1, k2 = (rope(t, pos, theta) for t in (q1, q2, k1, k2))
+    ok = allowed(None if seg is None else seg[b], T)
+    for i in range(h):
+      g = i // (h // K)  # the whole (K1, K2) pair of key group g
+      a1 = softmax_map(q1[:, i], k1[:, g], ok, d ** -0.5)
+      a2 = softmax_map(q2[:, i], k2[:, g], ok, d ** -0.5)
+      head = (a1 - lam * a2) @ v[:, g]
+      if subln:
+        head = head / np.sqrt(np.mean(head ** 2, -1, keepdims=True) + EPS) * w["gain"]
+        head = head * (1 - lambda_init(layer))
+      out[b, :, i * 2 * d:(i + 1) * 2 * d] = head
+  return out @ w["wo"]
+
+
+def diff_v2(x_BTD, w, *, h, K, d, seg=None, theta=1e4, pairing="interleaved", lam_mode="sigmoid"):
+  B, T, _ = x_BTD.shape
+  pos = np.arange(T, dtype=np.float64)
+  out = np.zeros((B, T, h * d))
+  for b in range(B):
+    x = x_BTD[b]
+    q = rope((x @ w["wq"]).reshape(T, 2 * h, d), pos, theta)
+    k = rope((x @ w["wk"]).reshape(T, K, d), pos, theta)
+    v = (x @ w["wv"]).reshape(T, K, d)
+    ok = allowed(None if seg is None else seg[b], T)
+    o = [softmax_map(q[:, n], k[:, n // (2 * h // K)], ok, d ** -0.5) @ v[:, n // (2 * h // K)]
+         for n in range(2 * h)]
+    raw = x @ w["wlambda"] if lam_mode != "none" else np.ones((T, h))
+    lam = 1 / (1 + np.exp(-raw)) if lam_mode == "sigmoid" else raw
+    for j in range(h):
+      a, c = (2 * j, 2 * j + 1) if pairing == "interleaved" else (j, h + j)
+      out[b, :, j * d:(j + 1) * d] = o[a] - lam[:, j:j + 1] * o[c]
+  return out @ w["wo"]
+
+
+def transformer(x_BTD, w, *, N, K, d, seg=None, theta=1e4):
+  B, T, _ = x_BTD.shape
+  pos = np.arange(T, dtype=np.float64)
+  out = np.zeros((B, T, N * d))
+  for b in range(B):
+    x = x_BTD[b]
+    q = rope((x @ w["wq"]).reshape(T, N, d), pos, theta)
+    k = rope((x @ w["wk"]).reshape(T, K, d), pos, theta)
+    v = (x @ w["wv"]).reshape(T, K, d)
+    ok = allowed(None if seg is None else seg[b], T)
+    for n in range(N):
+      g = n // (N // K)
+      out[b, :, n * d:(n + 1) * d] = softmax_map(q[:, n], k[:, g], ok, d ** -0.5) @ v[:, g]
+  return out @ w["wo"]

@@ -1,0 +1,136 @@
+"""Every variant and kernel against the independent float64 reference (tests/np_reference.py)."""
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import np_reference as ref
+from diff_transformer import kernels
+from diff_transformer.kernels import reference
+from diff_transformer.model.attention import VARIANTS
+from diff_transformer.model.spec import ModelSpec
+
+D, T, B, LAYER = 64, 12, 2, 3
+SEG = np.array([[1] * 5 + [2] * 7, [1] * 12])
+
+
+def make(variant, kv, seed, **kw):
+  heads = {"transformer": 8, "diff_v2": 4}.get(variant, 4)
+  d = D // heads if variant == "transformer" else (D // (2 * heads) if variant in ("diff", "shared_diff") else D // heads)
+  spec = ModelSpec(variant=variant, d_model=D, num_heads=heads, num_kv_heads=kv, head_dim=d,
+                   rank=6 if variant == "shared_diff" else 0, **kw)
+  attn = VARIANTS[variant](spec, LAYER, rngs=nnx.Rngs(seed))
+  # Fresh random values for EVERY parameter (gains and low-rank factors included).
+  rng = np.random.default_rng(seed)
+  for path, p in nnx.iter_graph(attn):
+    if isinstance(p, nnx.Param):
+      p[...] = jnp.asarray(rng.normal(0, 0.3, p.shape), jnp.float32)
+  return spec, attn
+
+
+def weights(attn) -> dict:
+  get = lambda m: np.asarray(m.kernel[...], np.float64)
+  w = {}
+  for name in ("wq", "wk", "wv", "wo", "wlambda"):
+    if hasattr(attn, name):
+      w[name] = get(getattr(attn, name))
+  for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
+    if hasattr(attn, name):
+      w["l" + name[-2:]] = np.asarray(getattr(attn, name)[...], np.float64)
+  if hasattr(attn, "subln_scale"):
+    w["gain"] = np.asarray(attn.subln_scale[...], np.float64)
+  for s in ("q1", "q2", "k1", "k2"):
+    if hasattr(attn, f"u_{s}"):
+      w[f"u{s}"], w[f"v{s}"] = get(getattr(attn, f"u_{s}")), get(getattr(attn, f"v_{s}"))
+  return w
+
+
+def expected(variant, spec, attn, x, seg):
+  w, h, K, d = weights(attn), spec.num_heads, spec.kv_heads, spec.head_dim
+  if variant == "transformer":
+    return ref.transformer(x, w, N=h, K=K, d=d, seg=seg)
+  if variant == "diff_v2":
+    return ref.diff_v2(x, w, h=h, K=K, d=d, seg=seg, pairing=spec.v2_pairing, lam_mode=spec.v2_lambda)
+  return ref.diff_v1(x, w, h=h, K=K, d=d, layer=LAYER, seg=seg, subln=spec.subln,
+                     shared=variant == "shared_diff")
+
+
+def rel_err(a, b):
+  return float(np.max(np.abs(np.asarray(a, np.float64) - b)) / np.max(np.abs(b)))
+
+
+CASES = [(v, kv) for v in VARIANTS for kv in (None, 2)] + [("transformer", 1)]
+
+
+@pytest.mark.parametrize("kernel", ["reference", "xla"])
+@pytest.mark.parametrize("variant,kv", CASES)
+def test_module_matches_float64(variant, kv, kernel):
+  spec, attn = make(variant, kv, seed=hash((variant, kv, kernel)) % 1000, kernel=kernel)
+  x = np.random.default_rng(1).normal(size=(B, T, D))
+  pos = jnp.broadcast_to(jnp.arange(T), (B, T))
+  for seg in (None, SEG):
+    got = attn(jnp.asarray(x, jnp.float32), pos, None if seg is None else jnp.asarray(seg))
+    assert rel_err(got, expected(variant, spec, attn, x, seg)) < 1e-5
+
+
+@pytest.mark.parametrize("variant,overrides", [
+    ("diff", dict(subln=False)),
+    ("diff", dict(lambda_init=0.5)),
+    ("diff_v2", dict(v2_pairing="halves")),
+    ("diff_v2", dict(v2_lambda="none")),
+    ("diff_v2", dict(v2_lambda="linear")),
+])
+def test_ablations_match_float64(variant, overrides):
+  spec, attn = make(variant, 2, seed=7, **overrides)
+  x = np.random.default_rng(2).normal(size=(B, T, D))
+  got = attn(jnp.asarray(x, jnp.float32), jnp.broadcast_to(jnp.arange(T), (B, T)), jnp.asarray(SEG))
+  if "lambda_init" in overrides:  # the reference's layer rule, with the constant swapped in
+    ref_lambda_init = ref.lambda_init
+    ref.lambda_init = lambda layer: overrides["lambda_init"]
+    try:
+      want = expected(variant, spec, attn, x, SEG)
+    finally:
+      ref.lambda_init = ref_lambda_init
+  else:
+    want = expected(variant, spec, attn, x, SEG)
+  assert rel_err(got, want) < 1e-5
+
+
+@pytest.mark.parametrize("variant", ["diff", "shared_diff", "diff_v2"])
+def test_reference_maps_match_float64(variant):
+  spec, attn = make(variant, 2, seed=3)
+  x = jnp.asarray(np.random.default_rng(4).normal(size=(B, T, D)), jnp.float32)
+  p = attn.project(x, jnp.broadcast_to(jnp.arange(T), (B, T)))
+  _, maps = reference.attention_maps(p.q1, p.k1, p.v, p.q2, p.k2, p.lam, segment_ids=jnp.asarray(SEG))
+  q1, k1 = np.asarray(p.q1, np.float64), np.asarray(p.k1, np.float64)
+  q2 = np.asarray(p.q2, np.float64)
+  k2 = k1 if p.k2 is None else np.asarray(p.k2, np.float64)
+  H, K, dk = q1.shape[2], k1.shape[2], q1.shape[3]
+  for b in range(B):
+    ok = ref.allowed(SEG[b], T)
+    for n in range(H):
+      g = n // (H // K)
+      np.testing.assert_allclose(maps["A1"][b, n], ref.softmax_map(q1[b, :, n], k1[b, :, g], ok, dk ** -0.5), atol=1e-6)
+      np.testing.assert_allclose(maps["A2"][b, n], ref.softmax_map(q2[b, :, n], k2[b, :, g], ok, dk ** -0.5), atol=1e-6)
+  lam = np.broadcast_to(np.asarray(p.lam), (B, T, H))
+  np.testing.assert_allclose(maps["lambda"], lam, rtol=1e-6)
+
+
+@pytest.mark.parametrize("kernel", ["reference", "xla"])
+@pytest.mark.parametrize("case", ["baseline", "v1", "v2", "mqa"])
+def test_kernels_match_float64_on_fresh_inputs(kernel, case):
+  rng = np.random.default_rng(hash((kernel, case)) % 2**32)
+  H, K, dk = 4, (1 if case == "mqa" else 2), 8
+  dv = 2 * dk if case == "v1" else dk
+  q1, q2 = rng.normal(size=(2, B, T, H, dk))
+  k1, k2 = rng.normal(size=(2, B, T, K, dk))
+  v = rng.normal(size=(B, T, K, dv))
+  args = {"baseline": (q1, k1, v), "mqa": (q1, k1, v, q2, None, rng.uniform(size=(B, T, H))),
+          "v1": (q1, k1, v, q2, k2, 0.37), "v2": (q1, k1, v, q2, None, rng.uniform(size=(B, T, H)))}[case]
+  f32 = [None if a is None else jnp.asarray(a, jnp.float32) for a in args]
+  for causal in (True, False):
+    got = kernels.attention(*f32, implementation=kernel, segment_ids=jnp.asarray(SEG), causal=causal)
+    assert rel_err(got, ref.diff_kernel(*args, seg=SEG, causal=causal)) < 1e-5

@@ -1,0 +1,64 @@
+"""Bad configs fail before any work, with one line naming the field and the constraint."""
+import subprocess
+import sys
+
+import pytest
+
+from configs import default, scaling
+from diff_transformer.config import ConfigError, validate
+
+
+def cfg(**model):
+  c = default.get_config()
+  for k, v in model.items():
+    c.model[k] = v
+  return c
+
+
+@pytest.mark.parametrize("overrides,field,words", [
+    (dict(num_heads=3), "model.head_dim", "must equal d_model"),
+    (dict(head_dim=48), "model.head_dim", "must equal d_model"),
+    (dict(variant="transformer", num_heads=8, head_dim=16, num_kv_heads=3), "model.num_kv_heads",
+     "do not divide"),
+    (dict(variant="diff", num_kv_heads=3), "model.num_kv_heads", "do not divide"),
+    (dict(variant="shared_diff", rank=0), "model.rank", "must be in"),
+    (dict(variant="shared_diff", rank=10_000), "model.rank", "must be in"),
+    (dict(variant="nope"), "model.variant", "unknown variant"),
+    (dict(kernel="cuda_magic"), "model.kernel", "unknown kernel"),
+    (dict(d_model=0), "model.d_model", "positive"),
+    (dict(num_layers=-1), "model.num_layers", "positive"),
+    (dict(vocab_size=0), "model.vocab_size", "positive"),
+])
+def test_bad_model_configs(overrides, field, words):
+  with pytest.raises(ConfigError) as e:
+    validate(cfg(**overrides))
+  message = str(e.value)
+  assert message.startswith(field) and words in message and "\n" not in message
+
+
+def test_diff_v2_pairs_crossing_groups_rejected_unless_halves():
+  c = cfg(variant="diff_v2", num_heads=8, head_dim=32, num_kv_heads=16)
+  with pytest.raises(ConfigError, match="model.num_kv_heads: 2h / h_kv = 1 .* must be even"):
+    validate(c)  # 16 query heads over 16 kv heads: pair (2j, 2j+1) would use two kv heads
+  c.model.v2_pairing = "halves"
+  validate(c)
+
+
+def test_mistyped_key_in_python_and_on_the_command_line():
+  c = default.get_config()
+  c.unlock()
+  c.model.num_layer = 3
+  with pytest.raises(ConfigError, match="model.num_layer: unknown key"):
+    validate(c)
+  out = subprocess.run([sys.executable, "train.py", "--config.model.num_layer=3", "--dry_run"],
+                       capture_output=True, text=True, env={"JAX_PLATFORMS": "cpu", "PATH": ""})
+  assert out.returncode != 0
+  assert out.stderr.strip().splitlines()[-1].startswith("error: unknown config key")
+
+
+def test_every_preset_validates_and_names_its_source():
+  for name in scaling.preset_names():
+    c = validate(scaling.get_config(name))
+    assert c.source
+  with pytest.raises(ValueError, match="unknown preset"):
+    scaling.get_config("diff-9b")

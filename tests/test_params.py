@@ -1,0 +1,72 @@
+"""Parameter counts of every preset against closed forms written from the SPEC formulas."""
+import dataclasses
+
+import pytest
+
+from configs import scaling
+from diff_transformer import params
+from diff_transformer.model.spec import ModelSpec
+
+
+def closed_form(s: ModelSpec) -> int:
+  D, L, V, h, K, d, F, r = (s.d_model, s.num_layers, s.vocab_size, s.num_heads, s.kv_heads,
+                            s.head_dim, s.ffn_dim, s.rank)
+  if s.variant == "transformer":
+    attn = D * h * d + 2 * D * K * d + h * d * D
+  elif s.variant == "diff":
+    attn = D * 2 * h * d + D * 2 * K * d + D * K * 2 * d + 2 * h * d * D + 4 * d + 2 * d
+  elif s.variant == "shared_diff":
+    attn = (D * h * d + D * K * d + 2 * (D * r + r * h * d) + 2 * (D * r + r * K * d)
+            + D * K * 2 * d + 2 * h * d * D + 4 * d + 2 * d)
+  else:  # diff_v2
+    attn = D * 2 * h * d + 2 * D * K * d + h * d * D + D * h
+  per_layer = attn + 3 * D * F + 2 * D
+  return L * per_layer + D + V * D * (1 if s.tie_embeddings else 2)
+
+
+def spec(name):
+  return ModelSpec.from_config(scaling.get_config(name).model)
+
+
+@pytest.fixture(scope="module")
+def counts():
+  return {n: params.count(spec(n)) for n in scaling.preset_names()}
+
+
+def test_every_preset_matches_closed_form(counts):
+  for name, c in counts.items():
+    assert c["params"] == closed_form(spec(name)), name
+    s = spec(name)
+    assert c["paper_params"] == c["non_embedding_params"] + s.vocab_size * s.d_model
+
+
+def test_diff_and_transformer_are_parameter_matched(counts):
+  for size in scaling.DIFF_ROWS:
+    a, b = counts[f"diff-{size}"]["params"], counts[f"transformer-{size}"]["params"]
+    assert abs(a - b) / b < 1e-3, size
+
+
+@pytest.mark.parametrize("size", list(scaling.NOMINAL))
+def test_paper_params_within_3_percent_of_nominal(counts, size):
+  for variant in ("diff", "transformer"):
+    assert abs(counts[f"{variant}-{size}"]["paper_params"] / scaling.NOMINAL[size] - 1) < 0.03
+
+
+def test_shared_diff_has_fewer_parameters(counts):
+  # Same-named rows: Table 3 keeps 830M and 1.4B at DIFF's width and depth (and 3B is narrower).
+  for size in ("830m", "1.4b", "3b"):
+    assert counts[f"shared_diff-{size}"]["params"] < counts[f"diff-{size}"]["params"], size
+  # At equal D, L, h, d (every Table 3 row), sharing the base Q/K always saves parameters.
+  for size in scaling.SHARED_ROWS:
+    s = spec(f"shared_diff-{size}")
+    same_shape_diff = dataclasses.replace(s, variant="diff", rank=0)
+    assert closed_form(s) < closed_form(same_shape_diff), size
+
+
+def test_dry_run_last_line_is_json(capsys):
+  import json
+  import train
+  summary = train.dry_run(scaling.get_config("diff-13.1b"))
+  last = capsys.readouterr().out.strip().splitlines()[-1]
+  assert json.loads(last) == summary
+  assert summary["variant"] == "diff" and abs(summary["paper_params"] / 13.1e9 - 1) < 0.03
