@@ -13,6 +13,7 @@ out_shardings, so no parameter is ever materialised whole on one device.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Any
 
@@ -25,7 +26,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from diff_transformer.model import build_model
 from diff_transformer.model.spec import ModelSpec
-from diff_transformer.sharding import constrain, logical_to_spec
+from diff_transformer.sharding import LOGICAL_RULES, constrain, logical_to_spec
 from diff_transformer.training.optim import learning_rate_schedule, make_optimizer
 
 State = dict[str, Any]
@@ -55,10 +56,13 @@ class Trainer:
     self.z_loss = float(config.train.z_loss)
     abstract = nnx.eval_shape(lambda: build_model(self.spec, nnx.Rngs(0)))
     self.graphdef, abs_params, _ = nnx.split(abstract, nnx.Param, ...)
-    logical = nnx.get_partition_spec(abs_params).to_pure_dict()
+    # The logical names straight from each variable's metadata (nnx.get_partition_spec would
+    # already apply whatever rules context the caller is in).
+    logical = jax.tree.map(lambda v: tuple(getattr(v, "out_sharding", None) or ()), abs_params,
+                           is_leaf=lambda x: isinstance(x, nnx.Variable)).to_pure_dict()
     self.param_shardings = jax.tree.map(
-        lambda p: NamedSharding(mesh, logical_to_spec(tuple(p))), logical,
-        is_leaf=lambda x: isinstance(x, P))
+        lambda names: NamedSharding(mesh, logical_to_spec(names)), logical,
+        is_leaf=lambda x: isinstance(x, tuple))
     self.replicated = NamedSharding(mesh, P())
     self.abstract_state = jax.eval_shape(functools.partial(self._init_fn, 0))
     self.state_shardings = self._shardings(self.abstract_state)
@@ -97,10 +101,16 @@ class Trainer:
     return dict(step=jnp.zeros((), jnp.int32), params=params,
                 constants=constants.to_pure_dict(), opt_state=self.tx.init(params))
 
+  @contextlib.contextmanager
+  def _context(self):
+    """The mesh plus the logical rules: nnx maps parameter names, constrain() activations."""
+    with jax.set_mesh(self.mesh), nnx.logical_axis_rules(LOGICAL_RULES):
+      yield
+
   def init(self, seed: int | None = None) -> State:
     """A fresh sharded state; every array is created in place on its devices."""
     seed = int(self.config.train.seed if seed is None else seed)
-    with jax.set_mesh(self.mesh):
+    with self._context():
       return self._init(seed)
 
   def model(self, state: State) -> nnx.Module:
@@ -197,25 +207,25 @@ class Trainer:
 
   # ---- public entry points (run under the mesh so activation constraints apply) -----------
   def train_step(self, state: State, batch: Batch) -> tuple[State, dict]:
-    with jax.set_mesh(self.mesh):
+    with self._context():
       return self._train_step(state, batch)
 
   def grads(self, state: State, batch: Batch):
     """(grads, mean loss) of one step without updating: for the sharding-equality tests."""
-    with jax.set_mesh(self.mesh):
+    with self._context():
       grads, nll_sum, _, total_weight = self._grads(state["params"], state["constants"], batch)
       return grads, nll_sum / total_weight
 
   def eval_step(self, state: State, batch: Batch):
     """(sum of token NLL, number of real tokens) of one held-out batch."""
-    with jax.set_mesh(self.mesh):
+    with self._context():
       return self._eval_step(state["params"], state["constants"], batch)
 
   def lambda_stats(self, state: State, batch: Batch) -> jax.Array | None:
     """Per-layer DIFF V2 lambda mean on this batch (None for other variants)."""
     if self.spec.variant != "diff_v2" or self.spec.v2_lambda == "none":
       return None
-    with jax.set_mesh(self.mesh):
+    with self._context():
       return self._lambda_stats(state["params"], state["constants"], batch)
 
 

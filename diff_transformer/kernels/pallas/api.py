@@ -109,6 +109,8 @@ def attention(q1, k1, v, q2=None, k2=None, lam=None, *, segment_ids=None, causal
   interpret = platform == "cpu" if interpret is None else interpret
   dq, dk = _DEFAULT_BLOCKS[backend]
   bq, bk, padded = _blocks(length, block_q or dq, block_k or dk, backend)
+  if backend == "tpu" and interpret is False and any(x % 128 and x != padded for x in (bq, bk)):
+    raise ValueError(f"pallas attention: TPU blocks must be multiples of 128 (got {bq}, {bk})")
   cfg = Config(seq_len=length, block_q=bq, block_k=bk, scale=common.default_scale(q1, scale),
                causal=causal, backend=backend, interpret=interpret, num_warps=num_warps,
                num_stages=num_stages)

@@ -3,8 +3,10 @@
 The K/V (or Q, for dK/dV) loop is the last grid dimension ("arbitrary" semantics) with the
 running state in VMEM scratch, as Mosaic pipelines block DMAs across grid steps. Layout is heads
 major ([B, N, T, H]) so every block's last two dims are (rows, head width): TPU-legal when rows
-are multiples of 8 (q) / 128 (k, which also sits on lanes in the (1, block_k) segment row).
-Per-row vectors (lam, lse, delta, q segments) travel as (rows, 1) columns.
+are multiples of 8 / 128. Per-row vectors (lam, lse, delta, segment ids) live in HBM as
+lane-dense [B, N, 1, T] rows (a [.., T, 1] column would be padded 128x by the TPU tiling) and are
+reshaped to (rows, 1) columns in VMEM; so on TPU block_q and block_k must be multiples of 128
+(or cover the whole padded sequence).
 Causal tiles above the diagonal are skipped, and their index maps are clamped to the last useful
 block so the pipeline does not fetch them.
 """
@@ -24,8 +26,14 @@ Array = jax.Array
 _SQ = pl.squeezed
 
 
-def _col(x: Array | None) -> Array | None:
-  return None if x is None else x[..., None]
+def _row(x: Array | None) -> Array | None:
+  """[B, N, T] -> lane-dense [B, N, 1, T]."""
+  return None if x is None else x[:, :, None, :]
+
+
+def _col(ref) -> Array:
+  """A (1, rows) row block as a (rows, 1) column."""
+  return ref[...].reshape(-1, 1)
 
 
 def _call(kernel, cfg: Config, grid, inputs, out_shapes, scratch, num_arbitrary: int = 1):
@@ -57,7 +65,7 @@ def _tile_mask(r, cfg: Config, i, j, length: int):
     return None
   rows = i * bq + jax.lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
   cols = j * bk + jax.lax.broadcasted_iota(jnp.int32, (bq, bk), 1)
-  q_seg = r["qs"][...] if "qs" in r else None
+  q_seg = _col(r["qs"]) if "qs" in r else None
   kv_seg = r["ks"][...] if "ks" in r else None
   return _math.tile_mask(rows, cols, cfg, padded, q_seg, kv_seg)
 
@@ -71,10 +79,10 @@ def _when_visible(cfg: Config, i, j, fn) -> None:
 
 
 def _seg_specs(q_seg, kv_seg, bq: int, bk: int, q_map, k_map):
-  """q segments as (bq, 1) columns, kv segments as (1, bk) lane-dense rows."""
+  """Segment ids as [B, 1, T] rows: (1, bq) blocks for queries, (1, bk) for keys."""
   if q_seg is None:
     return {"qs": (None, None), "ks": (None, None)}
-  return {"qs": (q_seg[:, :, None], pl.BlockSpec((_SQ, bq, 1), q_map)),
+  return {"qs": (q_seg[:, None, :], pl.BlockSpec((_SQ, 1, bq), q_map)),
           "ks": (kv_seg[:, None, :], pl.BlockSpec((_SQ, 1, bk), k_map))}
 
 
@@ -109,11 +117,12 @@ def _fwd_kernel(r, cfg: Config, length: int, with_res: bool) -> None:
     out = r["acc1"][...] / r["l1"][...]
     if "q2" in r:
       o2 = r["acc2"][...] / r["l2"][...]
-      out = out - r["lam"][...] * o2
+      out = out - _col(r["lam"]) * o2
     r["out"][...] = out.astype(r["out"].dtype)
     if with_res:
       for t in maps:
-        r["lse" + t][...] = r["m" + t][...] + jnp.log(r["l" + t][...])
+        lse = r["m" + t][...] + jnp.log(r["l" + t][...])
+        r["lse" + t][...] = lse.reshape(1, -1)
       if "q2" in r:
         r["o2"][...] = o2
 
@@ -128,19 +137,19 @@ def forward(cfg: Config, q1, k1, v, q2, k2, lam, q_seg, kv_seg, with_res: bool):
     return jnp.minimum(j, (i * bq + bq - 1) // bk) if cfg.causal else j
 
   q_spec = pl.BlockSpec((_SQ, _SQ, bq, dim), lambda b, n, i, j: (b, n, i, 0))
-  col_spec = pl.BlockSpec((_SQ, _SQ, bq, 1), lambda b, n, i, j: (b, n, i, 0))
+  row_spec = pl.BlockSpec((_SQ, _SQ, 1, bq), lambda b, n, i, j: (b, n, 0, i))
   k_spec = pl.BlockSpec((_SQ, _SQ, bk, dim), lambda b, n, i, j: (b, n // group, kv_block(i, j), 0))
   v_spec = pl.BlockSpec((_SQ, _SQ, bk, dim_v), lambda b, n, i, j: (b, n // group, kv_block(i, j), 0))
   inputs = {"q1": (q1, q_spec), "k1": (k1, k_spec), "v": (v, v_spec), "q2": (q2, q_spec),
-            "k2": (k2, k_spec), "lam": (_col(lam), col_spec)}
-  inputs.update(_seg_specs(q_seg, kv_seg, bq, bk, lambda b, n, i, j: (b, i, 0),
+            "k2": (k2, k_spec), "lam": (_row(lam), row_spec)}
+  inputs.update(_seg_specs(q_seg, kv_seg, bq, bk, lambda b, n, i, j: (b, 0, i),
                            lambda b, n, i, j: (b, 0, kv_block(i, j))))
   o_spec = pl.BlockSpec((_SQ, _SQ, bq, dim_v), lambda b, n, i, j: (b, n, i, 0))
   outs = {"out": (jax.ShapeDtypeStruct((batch, heads, length, dim_v), q1.dtype), o_spec)}
   maps = ("1", "2") if q2 is not None else ("1",)
   if with_res:
     for t in maps:
-      outs["lse" + t] = (jax.ShapeDtypeStruct((batch, heads, length, 1), jnp.float32), col_spec)
+      outs["lse" + t] = (jax.ShapeDtypeStruct((batch, heads, 1, length), jnp.float32), row_spec)
     if q2 is not None:
       outs["o2"] = (jax.ShapeDtypeStruct((batch, heads, length, dim_v), jnp.float32), o_spec)
   scratch = {}
@@ -150,8 +159,8 @@ def forward(cfg: Config, q1, k1, v, q2, k2, lam, q_seg, kv_seg, with_res: bool):
   res = _call(kernel, cfg, (batch, heads, nq, nk), inputs, outs, scratch)
   if not with_res:
     return res["out"]
-  lse2 = res["lse2"][..., 0] if q2 is not None else None
-  return res["out"], (res.get("o2"), res["lse1"][..., 0], lse2)
+  lse2 = res["lse2"][:, :, 0] if q2 is not None else None
+  return res["out"], (res.get("o2"), res["lse1"][:, :, 0], lse2)
 
 
 # ---------------------------------------------------------------------------------- backward
@@ -162,14 +171,14 @@ def _tile_grads(r, cfg: Config, mask):
   do, v = r["do"][...], r["v"][...]
   dp = _math.dot(do, v, trans_b=True)
   k1 = r["k1"][...]
-  p1 = _math.probs(_math.logits(r["q1"][...], k1, cfg.scale, mask), r["lse1"][...])
-  ds1 = _math.grad_logits(p1, dp, r["delta1"][...], cfg.scale)
+  p1 = _math.probs(_math.logits(r["q1"][...], k1, cfg.scale, mask), _col(r["lse1"]))
+  ds1 = _math.grad_logits(p1, dp, _col(r["delta1"]), cfg.scale)
   if "q2" not in r:
     return ds1, None, p1
-  lam = r["lam"][...]
+  lam = _col(r["lam"])
   k2 = r["k2"][...] if "k2" in r else k1
-  p2 = _math.probs(_math.logits(r["q2"][...], k2, cfg.scale, mask), r["lse2"][...])
-  ds2 = _math.grad_logits(p2, -lam * dp, r["delta2"][...], cfg.scale)
+  p2 = _math.probs(_math.logits(r["q2"][...], k2, cfg.scale, mask), _col(r["lse2"]))
+  ds2 = _math.grad_logits(p2, -lam * dp, _col(r["delta2"]), cfg.scale)
   return ds1, ds2, p1 - lam * p2
 
 
@@ -246,13 +255,14 @@ def backward(cfg: Config, q1, k1, v, q2, k2, lam, q_seg, kv_seg, do, lse1, lse2,
 
   specs = {"q": pl.BlockSpec((_SQ, _SQ, bq, dim), q_map),
            "do": pl.BlockSpec((_SQ, _SQ, bq, dim_v), q_map),
-           "col": pl.BlockSpec((_SQ, _SQ, bq, 1), q_map),
+           "row": pl.BlockSpec((_SQ, _SQ, 1, bq), lambda b, h, j, s: (*q_map(b, h, j, s)[:2], 0,
+                                                                     q_block(j, s))),
            "k": pl.BlockSpec((_SQ, _SQ, bk, dim), kv_map),
            "v": pl.BlockSpec((_SQ, _SQ, bk, dim_v), kv_map)}
   inputs = {"q1": (q1, specs["q"]), "q2": (q2, specs["q"]), "k1": (k1, specs["k"]),
             "k2": (k2, specs["k"]), "v": (v, specs["v"]), "do": (do, specs["do"])}
-  inputs.update({n: (_col(x), specs["col"]) for n, x in per_row.items()})
-  inputs.update(_seg_specs(q_seg, kv_seg, bq, bk, lambda b, h, j, s: (b, q_block(j, s), 0),
+  inputs.update({n: (_row(x), specs["row"]) for n, x in per_row.items()})
+  inputs.update(_seg_specs(q_seg, kv_seg, bq, bk, lambda b, h, j, s: (b, 0, q_block(j, s)),
                            lambda b, h, j, s: (b, 0, j)))
   outs = {"dk1": (jax.ShapeDtypeStruct(k1.shape, k1.dtype), specs["k"]),
           "dv": (jax.ShapeDtypeStruct(v.shape, v.dtype), specs["v"])}
@@ -279,9 +289,9 @@ def backward(cfg: Config, q1, k1, v, q2, k2, lam, q_seg, kv_seg, do, lse1, lse2,
             "k2": (k2, pl.BlockSpec((_SQ, _SQ, bk, dim), k_map)),
             "v": (v, pl.BlockSpec((_SQ, _SQ, bk, dim_v), k_map)),
             "do": (do, pl.BlockSpec((_SQ, _SQ, bq, dim_v), row_map))}
-  inputs.update({n: (_col(x), pl.BlockSpec((_SQ, _SQ, bq, 1), row_map))
-                 for n, x in per_row.items()})
-  inputs.update(_seg_specs(q_seg, kv_seg, bq, bk, lambda b, n, i, j: (b, i, 0),
+  row_vec = pl.BlockSpec((_SQ, _SQ, 1, bq), lambda b, n, i, j: (b, n, 0, i))
+  inputs.update({n: (_row(x), row_vec) for n, x in per_row.items()})
+  inputs.update(_seg_specs(q_seg, kv_seg, bq, bk, lambda b, n, i, j: (b, 0, i),
                            lambda b, n, i, j: (b, 0, kv_block(i, j))))
   outs = {"dq1": (jax.ShapeDtypeStruct(q1.shape, q1.dtype), q_spec)}
   scratch = {"dq1_acc": (bq, dim)}

@@ -1,0 +1,92 @@
+"""Decoding with the model's KV cache: greedy / temperature + top-k sampling, and constrained
+scoring of a fixed candidate set (ICL labels).
+
+Prompts of different lengths share one batch: they are right-padded, prefilled in one call with
+their true lengths (model.decode), then extended one token per call. Shapes are bucketed so a
+suite compiles only a handful of programs.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from diff_transformer.evaluation.common import EvalError, Fns, pad_rows
+
+
+def _cache_len(fns: Fns, prompt_len: int, extra: int) -> int:
+  need = prompt_len + extra
+  limit = fns.spec.max_seq_len
+  if need > limit:
+    raise EvalError(f"decoding: prompt of {prompt_len} tokens + {extra} new tokens exceeds the "
+                    f"model's max_seq_len {limit}")
+  return min(limit, int(np.ceil(need / 32) * 32))
+
+
+def prefill(fns: Fns, prompts: list[list[int]], extra: int):
+  """Cache holding the prompts and the logits [B, V] predicting each prompt's next token."""
+  if any(len(p) == 0 for p in prompts):
+    raise EvalError("decoding: empty prompt")
+  cache_len = _cache_len(fns, max(len(p) for p in prompts), extra)
+  tokens, lengths = pad_rows(prompts, limit=cache_len)
+  cache = fns.model.init_cache(len(prompts), cache_len)
+  logits, cache = fns.decode(tokens, cache, lengths)
+  last = jnp.take_along_axis(logits, jnp.asarray(lengths - 1)[:, None, None], axis=1)[:, 0]
+  return last, cache
+
+
+def _pick(logits_BV, key, temperature: float, top_k: int):
+  if temperature <= 0:
+    return jnp.argmax(logits_BV, axis=-1)
+  logits_BV = logits_BV / temperature
+  if top_k > 0:
+    kth = jax.lax.top_k(logits_BV, top_k)[0][:, -1:]
+    logits_BV = jnp.where(logits_BV < kth, -jnp.inf, logits_BV)
+  return jax.random.categorical(key, logits_BV, axis=-1)
+
+
+def generate(fns: Fns, prompts: list[list[int]], max_new_tokens: int, *, temperature: float = 0.0,
+             top_k: int = 0, seed: int = 0, stop_ids: tuple[int, ...] = ()) -> list[list[int]]:
+  """New tokens per prompt (greedy when temperature is 0), stopping early at a stop id."""
+  logits, cache = prefill(fns, prompts, max_new_tokens)
+  key = jax.random.key(seed)
+  out = np.zeros((len(prompts), max_new_tokens), np.int32)
+  done = np.zeros(len(prompts), bool)
+  for t in range(max_new_tokens):
+    key, sub = jax.random.split(key)
+    nxt = np.asarray(_pick(logits, sub, temperature, top_k), np.int32)
+    out[:, t] = nxt
+    done |= np.isin(nxt, stop_ids)
+    if done.all() or t == max_new_tokens - 1:
+      break
+    logits, cache = fns.decode(nxt[:, None], cache)
+    logits = logits[:, 0]
+  result = []
+  for row in out[:, :t + 1].tolist():
+    cut = next((i for i, tok in enumerate(row) if tok in stop_ids), len(row))
+    result.append(row[:cut + 1] if cut < len(row) else row)
+  return result
+
+
+def score_candidates(fns: Fns, prompts: list[list[int]], candidates: list[list[int]]
+                     ) -> np.ndarray:
+  """Log-probability [B, C] of each candidate token sequence as the prompt's continuation.
+
+  The prompts are prefilled once; each candidate then reuses that cache (the cache arrays are
+  values, so every candidate branches from the same prefix).
+  """
+  longest = max(len(c) for c in candidates)
+  first, cache = prefill(fns, prompts, longest)
+  first = jax.nn.log_softmax(first, axis=-1)
+  scores = np.zeros((len(prompts), len(candidates)), np.float64)
+  for j, cand in enumerate(candidates):
+    total = np.asarray(first[:, cand[0]], np.float64)
+    if len(cand) > 1:
+      toks = np.tile(np.asarray(cand[:-1], np.int32), (len(prompts), 1))
+      logits, _ = fns.decode(toks, cache)
+      logp = jax.nn.log_softmax(logits, axis=-1)
+      total = total + np.asarray(
+          jnp.take_along_axis(logp, jnp.asarray(cand[1:])[None, :, None], axis=-1)[..., 0]
+      ).sum(-1)
+    scores[:, j] = total
+  return scores

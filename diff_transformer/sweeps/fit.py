@@ -1,0 +1,78 @@
+"""Scaling-law fits L(X) = E + A X^-alpha (X = parameters N or training tokens D) and the papers'
+headline ratios ("DIFF 6.8B matches Transformer 11B (62.2%)")."""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+from scipy import optimize
+
+
+@dataclasses.dataclass(frozen=True)
+class PowerLaw:
+  E: float
+  A: float
+  alpha: float
+  # One-sigma uncertainties from the fit covariance (nan when the fit has no spare points).
+  E_err: float = math.nan
+  A_err: float = math.nan
+  alpha_err: float = math.nan
+  x_scale: float = 1.0  # X is fitted as X / x_scale for conditioning; A refers to raw X
+
+  def __call__(self, x) -> np.ndarray:
+    return self.E + self.A * np.asarray(x, np.float64) ** -self.alpha
+
+  def inverse(self, loss: float) -> float:
+    """The X at which the law reaches `loss` (inf when loss <= E)."""
+    return math.inf if loss <= self.E else (self.A / (loss - self.E)) ** (1 / self.alpha)
+
+
+def fit_power_law(x, loss) -> PowerLaw:
+  """Least squares in loss space, on X normalised by its geometric mean for conditioning."""
+  x, loss = np.asarray(x, np.float64), np.asarray(loss, np.float64)
+  if len(x) < 3 or len(np.unique(x)) < 3:
+    raise ValueError(f"fit: need at least 3 distinct points, got {len(np.unique(x))}")
+  scale = float(np.exp(np.mean(np.log(x))))
+  u = x / scale
+
+  def law(u, E, a, alpha):
+    return E + a * u ** -alpha
+
+  E0 = max(0.0, loss.min() - 0.5 * (loss.max() - loss.min()) - 1e-3)
+  slope = -np.polyfit(np.log(u), np.log(np.maximum(loss - E0, 1e-9)), 1)[0]
+  p0 = (E0, float(np.exp(np.mean(np.log(np.maximum(loss - E0, 1e-9))))), max(float(slope), 0.05))
+  popt, pcov = optimize.curve_fit(law, u, loss, p0=p0, maxfev=20_000,
+                                  bounds=([0.0, 0.0, 0.0], [np.inf, np.inf, 5.0]))
+  E, a, alpha = popt
+  errs = np.sqrt(np.diag(pcov)) if len(x) > 3 and np.isfinite(pcov).all() else [math.nan] * 3
+  A = a * scale ** alpha  # a u^-alpha = a scale^alpha x^-alpha
+  A_err = errs[1] * scale ** alpha if np.isfinite(errs[1]) else math.nan
+  return PowerLaw(float(E), float(A), float(alpha), float(errs[0]), float(A_err), float(errs[2]),
+                  x_scale=scale)
+
+
+def matching_ratio(reference: PowerLaw, x: float, loss: float) -> dict:
+  """How much X the `reference` law (the Transformer) needs to reach `loss`, reached by another
+  model at `x`: {'x', 'matched_x', 'ratio' = x / matched_x}."""
+  matched = reference.inverse(loss)
+  return dict(x=float(x), matched_x=float(matched), ratio=float(x / matched) if matched else math.nan)
+
+
+def headline(variant: str, x: float, ratio: dict, unit: str = "params") -> str:
+  fmt = _fmt_params if unit == "params" else _fmt_tokens
+  return (f"{variant} {fmt(x)} matches Transformer {fmt(ratio['matched_x'])} "
+          f"({100 * ratio['ratio']:.1f}%)")
+
+
+def _fmt_params(n: float) -> str:
+  if not math.isfinite(n):
+    return "inf"
+  for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+    if n >= size:
+      return f"{n / size:.3g}{unit}"
+  return f"{n:.3g}"
+
+
+def _fmt_tokens(n: float) -> str:
+  return _fmt_params(n).replace("B", "B tokens").replace("M", "M tokens").replace("K", "K tokens")

@@ -1,0 +1,64 @@
+"""Run a sweep's points (sequentially here, or as one command each for a scheduler), skipping
+finished points; interrupted points resume from their checkpoints (train.py does that)."""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+
+from tqdm import tqdm
+
+from diff_transformer.sweeps.definition import Sweep
+
+SUMMARY = "summary.json"  # written by the trainer when a run reaches its last step
+
+
+def read_summary(workdir: str) -> dict | None:
+  path = os.path.join(workdir, SUMMARY)
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
+
+
+def finished(sweep: Sweep, point: str, workdir: str) -> bool:
+  summary = read_summary(workdir)
+  return bool(summary) and summary.get("step", -1) >= sweep.get_config(point).train.steps
+
+
+def command(sweep_file: str, point: str, workdir: str, python: str = sys.executable) -> list[str]:
+  return [python, "train.py", f"--config={sweep_file}:{point}", f"--workdir={workdir}"]
+
+
+def run(sweep: Sweep, sweep_file: str, root: str, *, mode: str = "local", launcher: str = "",
+        extra_args: tuple[str, ...] = ()) -> dict[str, str]:
+  """Returns {point: 'skipped' | 'ran' | 'printed'}; raises on a failed local run."""
+  sweep.validate()
+  if mode not in ("local", "print"):
+    raise ValueError(f"--mode: '{mode}' is not one of local, print")
+  status = {}
+  todo = []
+  for point in sweep.points():
+    workdir = os.path.join(root, point)
+    if finished(sweep, point, workdir):
+      status[point] = "skipped"
+    else:
+      todo.append((point, workdir))
+  if mode == "print":
+    for point, workdir in todo:
+      cmd = command(sweep_file, point, workdir, python="python") + list(extra_args)
+      print(f"{launcher} {shlex.quote(shlex.join(cmd))}" if launcher else shlex.join(cmd))
+      status[point] = "printed"
+    return status
+  for point, workdir in tqdm(todo, desc=f"sweep {sweep.name}", unit="run"):
+    os.makedirs(workdir, exist_ok=True)
+    with open(os.path.join(workdir, "sweep.log"), "a") as log:
+      result = subprocess.run(command(sweep_file, point, workdir) + list(extra_args),
+                              stdout=log, stderr=subprocess.STDOUT)
+    if result.returncode != 0:
+      raise RuntimeError(f"sweep point {point} failed (exit {result.returncode}); see "
+                         f"{os.path.join(workdir, 'sweep.log')}; rerun to resume it")
+    status[point] = "ran"
+  return status

@@ -1,0 +1,246 @@
+"""Orbax checkpoints of model + optimizer + grain iterator, the run record, and restore helpers.
+
+Layout of a workdir:
+  config.json               the run's full config (written at start; resumes must keep its model)
+  tokenizer_record.json     name, vocab size, eot id and sha256 of the tokenizer the run uses
+  tokenizer.json            a copy of the BPE tokenizer file (bpe runs only)
+  checkpoints/<step>/       orbax items: model, optimizer, data (grain state), meta (json)
+  corrupt_checkpoints/      unreadable checkpoints moved aside when an older one was usable
+
+Each checkpoint's meta records an exact, sharding-independent digest of its model and optimizer
+arrays; a restore whose arrays do not reproduce it is treated as corrupted, so a damaged file
+can never be trained from silently.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import grain
+import jax
+import ml_collections
+import orbax.checkpoint as ocp
+
+from diff_transformer.config import validate
+from diff_transformer.training.mesh import TrainError
+from diff_transformer.training.step import State, Trainer, fingerprint
+
+CONFIG_FILE = "config.json"
+TOKENIZER_RECORD = "tokenizer_record.json"
+TOKENIZER_COPY = "tokenizer.json"
+
+
+def _one_line(e: BaseException) -> str:
+  lines = [l.strip() for l in str(e).strip().splitlines() if l.strip()]
+  return f"{type(e).__name__}: {lines[0][:300]}" if lines else type(e).__name__
+
+
+# ---- the run record ------------------------------------------------------------------------
+def write_run_record(workdir: Path, config: ml_collections.ConfigDict, dataset) -> None:
+  """Writes config.json and the tokenizer record (process 0 only)."""
+  from diff_transformer.data import describe
+  if jax.process_index() != 0:
+    return
+  workdir.mkdir(parents=True, exist_ok=True)
+  (workdir / CONFIG_FILE).write_text(config.to_json_best_effort(indent=2) + "\n")
+  record = describe(dataset.tokenizer)
+  (workdir / TOKENIZER_RECORD).write_text(json.dumps(record, indent=2) + "\n")
+  source = Path(dataset.path) / TOKENIZER_COPY
+  if record["name"] == "bpe" and source.is_file():
+    shutil.copyfile(source, workdir / TOKENIZER_COPY)
+
+
+def read_config(workdir: Path) -> ml_collections.ConfigDict | None:
+  path = Path(workdir) / CONFIG_FILE
+  if not path.is_file():
+    return None
+  from diff_transformer.config import base_config
+  config = base_config()
+  config.update_from_flattened_dict(_flatten(json.loads(path.read_text())))
+  return config
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+  out = {}
+  for k, v in d.items():
+    if isinstance(v, dict):
+      out.update(_flatten(v, f"{prefix}{k}."))
+    else:
+      out[f"{prefix}{k}"] = v
+  return out
+
+
+def check_run_record(workdir: Path, config: ml_collections.ConfigDict, tokenizer) -> None:
+  """A resumed run must use the recorded tokenizer and the same model shape."""
+  from diff_transformer.data import assert_compatible
+  record_path = workdir / TOKENIZER_RECORD
+  if record_path.is_file():
+    assert_compatible(json.loads(record_path.read_text()), tokenizer)
+  recorded = read_config(workdir)
+  if recorded is not None:
+    old, new = _flatten(recorded.model.to_dict()), _flatten(config.model.to_dict())
+    for key in sorted(new):
+      if old.get(key) != new[key]:
+        raise TrainError(f"model.{key}: {workdir} holds a run with {old.get(key)!r}, this config "
+                         f"has {new[key]!r}; use another --workdir or the recorded config")
+
+
+def check_tokenizer_record(workdir: Path, tokenizer=None) -> dict:
+  """The recorded tokenizer, checked against `tokenizer` or against the workdir's own copy."""
+  from diff_transformer.data import assert_compatible, DataError
+  from diff_transformer.data.tokenizer import load_tokenizer
+  path = Path(workdir) / TOKENIZER_RECORD
+  if not path.is_file():
+    raise TrainError(f"{path}: missing; {workdir} is not a training workdir")
+  record = json.loads(path.read_text())
+  if tokenizer is not None:
+    assert_compatible(record, tokenizer)
+  elif record.get("name") == "byte" or (Path(workdir) / TOKENIZER_COPY).is_file():
+    load_tokenizer(record, workdir)  # raises DataError if the copy's checksum differs
+  elif record.get("name") != "bpe":
+    raise DataError(f"{path}: unknown tokenizer {record.get('name')!r}")
+  return record
+
+
+# ---- checkpoints -----------------------------------------------------------------------------
+def _split_state(state: State) -> tuple[dict, dict]:
+  return (dict(params=state["params"], constants=state["constants"]),
+          dict(step=state["step"], opt_state=state["opt_state"]))
+
+
+class Checkpointer:
+  """An orbax CheckpointManager over <workdir>/checkpoints with fallback on damaged steps."""
+
+  def __init__(self, workdir: Path, train_config: ml_collections.ConfigDict | None = None,
+               read_only: bool = False):
+    self.workdir = Path(workdir).resolve()
+    self.directory = self.workdir / "checkpoints"
+    t = train_config
+    self.options = ocp.CheckpointManagerOptions(
+        save_interval_steps=int(t.checkpoint_every) if t else 1,
+        max_to_keep=int(t.max_to_keep) if t else None,
+        enable_async_checkpointing=not read_only, create=not read_only, read_only=read_only,
+        cleanup_tmp_directories=not read_only)  # half-written temp dirs of killed runs go away
+    self.manager = ocp.CheckpointManager(self.directory, options=self.options)
+
+  def latest_step(self) -> int | None:
+    return self.manager.latest_step()
+
+  def should_save(self, step: int) -> bool:
+    return self.manager.should_save(step)
+
+  def save(self, step: int, state: State, iterator, *, force: bool = False) -> bool:
+    """Starts an async save (returns at once once the arrays are copied off the devices)."""
+    if not force and not self.manager.should_save(step):
+      return False
+    model, optimizer = _split_state(state)
+    meta = dict(step=int(step), model_digest=fingerprint(model),
+                optimizer_digest=fingerprint(optimizer), time=time.time(),
+                process_count=jax.process_count())
+    items = dict(model=ocp.args.StandardSave(model), optimizer=ocp.args.StandardSave(optimizer),
+                 meta=ocp.args.JsonSave(meta))
+    if iterator is not None:
+      items["data"] = grain.checkpoint.CheckpointSave(iterator)
+    return self.manager.save(step, args=ocp.args.Composite(**items), force=force)
+
+  def wait(self) -> None:
+    self.manager.wait_until_finished()
+
+  def close(self) -> None:
+    self.manager.wait_until_finished()
+    self.manager.close()
+
+  def _restore_step(self, step: int, abstract: State, iterator, model_only: bool) -> dict:
+    model, optimizer = _split_state(abstract)
+    items = dict(model=ocp.args.StandardRestore(model), meta=ocp.args.JsonRestore())
+    if not model_only:
+      items["optimizer"] = ocp.args.StandardRestore(optimizer)
+      if iterator is not None:
+        items["data"] = grain.checkpoint.CheckpointRestore(iterator)
+    restored = self.manager.restore(step, args=ocp.args.Composite(**items))
+    meta = restored["meta"]
+    if fingerprint(restored["model"]) != meta["model_digest"]:
+      raise TrainError("model arrays do not match the digest saved with them")
+    if not model_only and fingerprint(restored["optimizer"]) != meta["optimizer_digest"]:
+      raise TrainError("optimizer arrays do not match the digest saved with them")
+    out = dict(restored["model"])
+    if not model_only:
+      out.update(restored["optimizer"])
+    return out
+
+  def restore(self, abstract: State, iterator=None, *, step: int | None = None,
+              model_only: bool = False) -> tuple[dict, int] | None:
+    """(state, step) from `step` or the newest readable checkpoint; None if there is none.
+
+    A damaged newest checkpoint is reported in one line and moved to corrupt_checkpoints/ once
+    an older one restored (nothing is deleted); if none restores, TrainError refuses to go on.
+    """
+    steps = sorted(self.manager.all_steps(), reverse=True)
+    if step is not None:
+      if step not in steps:
+        raise TrainError(f"{self.directory}: no checkpoint for step {step} (have {steps})")
+      steps = [step]
+    failed: list[tuple[int, str]] = []
+    for s in steps:
+      try:
+        state = self._restore_step(s, abstract, iterator, model_only)
+      except Exception as e:  # orbax/tensorstore raise many types for damaged files
+        failed.append((s, _one_line(e)))
+        print(f"warning: checkpoint step {s} in {self.directory} is unreadable "
+              f"({failed[-1][1]})", flush=True)
+        continue
+      if failed and not self.options.read_only:
+        self._quarantine([f for f, _ in failed])
+        print(f"warning: fell back to checkpoint step {s}; moved damaged steps "
+              f"{[f for f, _ in failed]} to {self.workdir / 'corrupt_checkpoints'}", flush=True)
+      return state, s
+    if failed:
+      raise TrainError(f"{self.directory}: no readable checkpoint (steps {[f for f, _ in failed]} "
+                       f"all failed, newest: {failed[0][1]}); refusing to train from scratch over "
+                       "them: move them away or use another --workdir")
+    return None
+
+  def _quarantine(self, steps: list[int]) -> None:
+    if jax.process_index() == 0:
+      target = self.workdir / "corrupt_checkpoints"
+      target.mkdir(exist_ok=True)
+      for s in steps:
+        src = self.directory / str(s)
+        if src.exists():
+          src.rename(target / f"{s}-{int(time.time())}")
+    if jax.process_count() > 1:
+      from jax.experimental import multihost_utils
+      multihost_utils.sync_global_devices("quarantine_checkpoints")
+    self.manager.reload()
+
+
+def restore_model(workdir: str | Path, step: int | None = None,
+                  mesh: jax.sharding.Mesh | None = None, tokenizer=None
+                  ) -> tuple[Any, ml_collections.ConfigDict, int]:
+  """(model, config, step): the model of a training workdir, restored onto `mesh`.
+
+  Only the model arrays are read (never the optimizer), straight into the target shardings of
+  `mesh` (default: one device). The tokenizer record is checked against `tokenizer` when given,
+  otherwise against the workdir's own tokenizer copy. Uses the newest readable checkpoint unless
+  `step` is given.
+  """
+  from diff_transformer.training.mesh import make_mesh
+  workdir = Path(workdir)
+  config = read_config(workdir)
+  if config is None:
+    raise TrainError(f"{workdir / CONFIG_FILE}: missing; {workdir} is not a training workdir")
+  validate(config)
+  check_tokenizer_record(workdir, tokenizer)
+  if mesh is None:
+    mesh = make_mesh(ml_collections.ConfigDict(dict(data=1, fsdp=1, tensor=1)),
+                     devices=jax.devices()[:1])
+  trainer = Trainer(config, mesh)
+  found = Checkpointer(workdir, read_only=True).restore(trainer.abstract_state, step=step,
+                                                          model_only=True)
+  if found is None:
+    raise TrainError(f"{workdir / 'checkpoints'}: no checkpoint to restore")
+  state, step = found
+  return trainer.model(state), config, step

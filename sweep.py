@@ -1,0 +1,62 @@
+"""Scaling sweeps: run (or print) every point, skip finished ones, then fit and report.
+
+    python sweep.py --sweep=configs/sweeps/cpu.py --root=runs/sweeps/cpu            # run + report
+    python sweep.py --sweep=configs/sweeps/table10.py --root=/ckpt/sweeps --mode=print \
+        --launcher="sbatch --nodes=4 --wrap"                                         # cluster
+    python sweep.py --sweep=configs/sweeps/cpu.py --root=runs/sweeps/cpu --collect_only
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+
+from diff_transformer import cli
+
+cli.default_platform()
+
+from absl import app, flags  # noqa: E402
+
+from diff_transformer.config import ConfigError  # noqa: E402
+from diff_transformer.sweeps import report, runner  # noqa: E402
+
+flags.DEFINE_string("sweep", "configs/sweeps/cpu.py", "Sweep definition file (defines SWEEP).")
+flags.DEFINE_string("root", "", "Directory holding one workdir per point (default runs/sweeps/<name>).")
+flags.DEFINE_enum("mode", "local", ["local", "print"], "Run here one after another, or print commands.")
+flags.DEFINE_string("launcher", "", "Prefix for printed commands, e.g. 'sbatch --wrap'.")
+flags.DEFINE_bool("collect_only", False, "Only collect finished points, fit and report.")
+FLAGS = flags.FLAGS
+
+
+def load_sweep(path: str):
+  if not os.path.exists(path):
+    sys.exit(f"error: --sweep: no such file {path}")
+  spec = importlib.util.spec_from_file_location("sweep_definition", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  if not hasattr(module, "SWEEP"):
+    sys.exit(f"error: --sweep: {path} defines no SWEEP")
+  return module.SWEEP
+
+
+def main(argv):
+  del argv
+  sweep = load_sweep(FLAGS.sweep)
+  root = FLAGS.root or os.path.join("runs", "sweeps", sweep.name)
+  try:
+    sweep.validate()
+    if not FLAGS.collect_only:
+      status = runner.run(sweep, FLAGS.sweep, root, mode=FLAGS.mode, launcher=FLAGS.launcher)
+      print(json.dumps({k: sum(v == k for v in status.values()) for k in ("skipped", "ran", "printed")}))
+      if FLAGS.mode == "print":
+        return
+    result = report.write_report(sweep, root)
+  except (ConfigError, RuntimeError, ValueError) as e:
+    sys.exit(f"error: {e}")
+  print("\n".join(result["headlines"]))
+  print(f"report: {os.path.join(root, 'report.md')}")
+
+
+if __name__ == "__main__":
+  app.run(main, flags_parser=cli.parse_flags)

@@ -1,0 +1,33 @@
+import numpy as np
+import pytest
+
+from diff_transformer.sweeps import fit
+
+
+@pytest.mark.parametrize("E,A,alpha", [(1.8, 420.0, 0.34), (2.5, 60.0, 0.2), (0.9, 4000.0, 0.5)])
+def test_fit_recovers_known_power_law(E, A, alpha):
+  n = np.geomspace(2e6, 3e9, 7)
+  law = fit.fit_power_law(n, E + A * n ** -alpha)
+  assert abs(law.E / E - 1) < 0.02 and abs(law.A / A - 1) < 0.02 and abs(law.alpha / alpha - 1) < 0.02
+
+
+def test_fit_with_noise_reports_uncertainty():
+  rng = np.random.default_rng(0)
+  n = np.geomspace(1e7, 1e10, 8)
+  loss = 2.0 + 300 * n ** -0.3 + rng.normal(0, 0.003, n.shape)
+  law = fit.fit_power_law(n, loss)
+  assert abs(law.alpha - 0.3) < 4 * law.alpha_err + 0.03
+  assert 0 < law.alpha_err < 0.2
+
+
+def test_matching_ratio_inverts_the_law():
+  transformer = fit.PowerLaw(E=1.7, A=500.0, alpha=0.3)
+  # A DIFF model at 6.8B reaching the loss the Transformer reaches at 11B.
+  ratio = fit.matching_ratio(transformer, 6.8e9, float(transformer(11e9)))
+  assert abs(ratio["matched_x"] / 11e9 - 1) < 1e-9
+  assert fit.headline("DIFF", 6.8e9, ratio) == "DIFF 6.8B matches Transformer 11B (61.8%)"
+
+
+def test_too_few_points_is_an_error():
+  with pytest.raises(ValueError, match="at least 3"):
+    fit.fit_power_law([1e6, 1e7], [3.0, 2.5])
