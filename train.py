@@ -1,5 +1,8 @@
 """Train a model: `python train.py --config=configs/default.py --workdir=runs/default`.
 
+Resumes automatically from the newest checkpoint in --workdir; SIGTERM/SIGINT save and exit.
+Multi-host: TPU pods and SLURM are detected; elsewhere pass --coordinator_address,
+--num_processes and --process_id to every process (docs/training.md).
 `--dry_run` builds the model abstractly and prints its parameter table; the last line is JSON.
 """
 from __future__ import annotations
@@ -18,6 +21,10 @@ from diff_transformer.model.spec import ModelSpec  # noqa: E402
 cli.define_config()
 flags.DEFINE_string("workdir", "runs/default", "Run directory: checkpoints, logs, config.")
 flags.DEFINE_bool("dry_run", False, "Build the model abstractly, print parameter counts, exit.")
+flags.DEFINE_string("coordinator_address", "", "host:port of process 0 (multi-process runs "
+                    "outside TPU pods / SLURM).")
+flags.DEFINE_integer("num_processes", 0, "Number of processes (with --coordinator_address).")
+flags.DEFINE_integer("process_id", -1, "This process's index (with --coordinator_address).")
 FLAGS = flags.FLAGS
 
 
@@ -38,7 +45,19 @@ def main(argv):
   if FLAGS.dry_run:
     dry_run(config)
     return
-  raise SystemExit("training lands with the training issue; use --dry_run")
+  import sys
+  from absl import logging
+  logging.set_verbosity(logging.WARNING)  # orbax logs every save step at INFO
+  from diff_transformer.data import DataError
+  from diff_transformer.training import TrainError, initialize_distributed, train
+  try:
+    initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
+    summary = train(config, FLAGS.workdir)
+  except (TrainError, DataError) as e:
+    sys.exit(f"error: {e}")
+  if summary.get("stopped_by"):
+    print(f"Stopped by {summary['stopped_by']} at step {summary['step']}; run the same command "
+          "to resume.", flush=True)
 
 
 if __name__ == "__main__":

@@ -14,9 +14,13 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import sys
 import time
 from pathlib import Path
+
+# AOT only: libtpu's lockfile would refuse a second process (e.g. a parallel AOT run).
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 import jax
 import jax.numpy as jnp

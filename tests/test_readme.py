@@ -18,4 +18,4 @@ def test_readme_starts_with_the_two_commands():
   with open(os.path.join(ROOT, "README.md")) as f:
     head = f.read(600)
   assert "pip install -e . && python train.py" in head
-  assert 'pip install -e ".[test]" && python -m pytest -q -n 2' in head
+  assert 'pip install -e ".[test,tpu]" && python -m pytest -q -n 2' in head

@@ -105,6 +105,14 @@ def check_tokenizer_record(workdir: Path, tokenizer=None) -> dict:
   return record
 
 
+def _lists_to_tuples(x):
+  if isinstance(x, dict):
+    return {k: _lists_to_tuples(v) for k, v in x.items()}
+  if isinstance(x, (list, tuple)):
+    return tuple(_lists_to_tuples(v) for v in x)
+  return x
+
+
 # ---- checkpoints -----------------------------------------------------------------------------
 def _split_state(state: State) -> tuple[dict, dict]:
   return (dict(params=state["params"], constants=state["constants"]),
@@ -120,7 +128,6 @@ class Checkpointer:
     self.directory = self.workdir / "checkpoints"
     t = train_config
     self.options = ocp.CheckpointManagerOptions(
-        save_interval_steps=int(t.checkpoint_every) if t else 1,
         max_to_keep=int(t.max_to_keep) if t else None,
         enable_async_checkpointing=not read_only, create=not read_only, read_only=read_only,
         cleanup_tmp_directories=not read_only)  # half-written temp dirs of killed runs go away
@@ -129,13 +136,9 @@ class Checkpointer:
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
 
-  def should_save(self, step: int) -> bool:
-    return self.manager.should_save(step)
-
-  def save(self, step: int, state: State, iterator, *, force: bool = False) -> bool:
-    """Starts an async save (returns at once once the arrays are copied off the devices)."""
-    if not force and not self.manager.should_save(step):
-      return False
+  def save(self, step: int, state: State, iterator) -> bool:
+    """Starts an async save (returns once the arrays are copied off the devices); the caller
+    decides when (train.checkpoint_every, the last step, a stop signal)."""
     model, optimizer = _split_state(state)
     meta = dict(step=int(step), model_digest=fingerprint(model),
                 optimizer_digest=fingerprint(optimizer), time=time.time(),
@@ -144,7 +147,7 @@ class Checkpointer:
                  meta=ocp.args.JsonSave(meta))
     if iterator is not None:
       items["data"] = grain.checkpoint.CheckpointSave(iterator)
-    return self.manager.save(step, args=ocp.args.Composite(**items), force=force)
+    return self.manager.save(step, args=ocp.args.Composite(**items), force=True)
 
   def wait(self) -> None:
     self.manager.wait_until_finished()
@@ -161,6 +164,11 @@ class Checkpointer:
       if iterator is not None:
         items["data"] = grain.checkpoint.CheckpointRestore(iterator)
     restored = self.manager.restore(step, args=ocp.args.Composite(**items))
+    if "data" in items:
+      # grain 0.2.18 stores iterator state as JSON, which turns ConcatThenSplit's (-1, -1)
+      # "no remainder" tuples into lists that it then misreads as a remainder (a shifted data
+      # order). Setting the state again with tuples restores the exact next batch.
+      iterator.set_state(_lists_to_tuples(iterator.get_state()))
     meta = restored["meta"]
     if fingerprint(restored["model"]) != meta["model_digest"]:
       raise TrainError("model arrays do not match the digest saved with them")

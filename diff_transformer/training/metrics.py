@@ -44,7 +44,8 @@ def peak_tflops_per_device(configured: float = 0.0) -> float:
   for key, value in PEAK_TFLOPS:
     if key in device.device_kind:
       return value
-  raise ValueError(f"train.peak_tflops: unknown device kind '{device.device_kind}'; set the "
+  from diff_transformer.training.mesh import TrainError
+  raise TrainError(f"train.peak_tflops: unknown device kind '{device.device_kind}'; set the "
                    "per-device peak TFLOP/s in the config")
 
 

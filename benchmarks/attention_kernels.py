@@ -1,0 +1,177 @@
+"""Time and memory of the attention kernels: reference / xla / pallas, per variant and length.
+
+CPU part (this machine): forward wall time (median of `--repeats` runs after a warm-up) and the
+compiled temp-buffer size (XLA memory_analysis) of forward and forward+backward. Pallas on CPU
+runs in INTERPRET mode (a loop over grid steps): its times say nothing about TPU/GPU speed.
+Lengths are capped per path (`--max-dense`, `--max-pallas-cpu`); skipped cells are recorded.
+
+TPU part (needs libtpu): AOT compile for one v5e chip (bf16) of xla vs pallas forward and
+forward+backward up to long sequences; per-chip temp memory shows xla's T^2 logits vs pallas'
+O(T) residuals. Programs that do not fit 16 GiB HBM are recorded with the compiler's error.
+
+  JAX_PLATFORMS=cpu python benchmarks/attention_kernels.py   # writes results/attention_kernels.json
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+# AOT only: libtpu's lockfile would refuse a second process (e.g. a parallel AOT run).
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from diff_transformer.kernels import reference, xla  # noqa: E402
+from diff_transformer.kernels.pallas import attention as pallas_attention  # noqa: E402
+
+VARIANTS = ("v1", "v2", "base")
+MIB = 2**20
+
+
+def inputs(variant: str, T: int, *, B=1, N=4, K=2, d=64, dtype=jnp.float32, key=0):
+  ks = jax.random.split(jax.random.key(key), 5)
+  rnd = lambda k, *s: jax.random.normal(k, s, dtype)
+  dim_v = 2 * d if variant == "v1" else d
+  args = [rnd(ks[0], B, T, N, d), rnd(ks[1], B, T, K, d), rnd(ks[2], B, T, K, dim_v), None, None,
+          None]
+  if variant == "v1":
+    args[3:] = [rnd(ks[3], B, T, N, d), rnd(ks[4], B, T, K, d), jnp.float32(0.5)]
+  elif variant == "v2":
+    args[3], args[5] = rnd(ks[3], B, T, N, d), jnp.full((B, T, N), 0.5, jnp.float32)
+  return args
+
+
+def split_fns(fn, args):
+  """(fwd, fwd+bwd) over the non-None arguments."""
+  idx = [i for i, a in enumerate(args) if a is not None]
+
+  def full(xs):
+    out = [None] * len(args)
+    for i, x in zip(idx, xs):
+      out[i] = x
+    return out
+
+  fwd = lambda *xs: fn(*full(xs), causal=True)
+  bwd = jax.grad(lambda *xs: jnp.sum(fwd(*xs).astype(jnp.float32)), argnums=tuple(range(len(idx))))
+  return fwd, bwd, [args[i] for i in idx]
+
+
+def temp_mib(fn, xs, platforms=None) -> float:
+  lowered = jax.jit(fn).trace(*xs).lower(**({"lowering_platforms": platforms} if platforms else {}))
+  return lowered.compile().memory_analysis().temp_size_in_bytes / MIB
+
+
+def cpu_rows(lengths, caps: dict, repeats: int) -> list[dict]:
+  paths = {"reference": reference.attention, "xla": xla.attention,
+           "pallas": lambda *a, **k: pallas_attention(*a, **k)}  # CPU default: interpret mode
+  rows = []
+  for variant in VARIANTS:
+    for T in lengths:
+      args = inputs(variant, T)
+      for path, fn in paths.items():
+        row = dict(variant=variant, T=T, path=path, mode="interpret" if path == "pallas" else "xla")
+        if T > caps[path]:
+          row["skipped"] = f"T > cap {caps[path]} for this path on CPU"
+        else:
+          fwd, bwd, xs = split_fns(fn, args)
+          jitted = jax.jit(fwd)
+          jax.block_until_ready(jitted(*xs))
+          times = []
+          for _ in range(repeats):
+            start = time.perf_counter()
+            jax.block_until_ready(jitted(*xs))
+            times.append(time.perf_counter() - start)
+          row.update(fwd_ms=1e3 * float(np.median(times)), fwd_temp_mib=temp_mib(fwd, xs),
+                     fwd_bwd_temp_mib=temp_mib(bwd, xs))
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+  return rows
+
+
+def tpu_rows(lengths) -> list[dict]:
+  from jax.experimental import topologies
+  from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+  topo = topologies.get_topology_desc(platform="tpu", topology_name="v5e:2x2")
+  mesh = Mesh(np.array(topo.devices[:1]), ("x",))
+  paths = {"xla": xla.attention,
+           "pallas": lambda *a, **k: pallas_attention(*a, backend="tpu", interpret=False, **k)}
+  rows = []
+  for variant in VARIANTS:
+    for T in lengths:
+      shaped = lambda a: None if a is None else jax.ShapeDtypeStruct(
+          a.shape, a.dtype, sharding=NamedSharding(mesh, P()))
+      args = [shaped(a) for a in jax.eval_shape(
+          lambda: inputs(variant, T, N=8, K=2, d=128, dtype=jnp.bfloat16))]
+      for path, fn in paths.items():
+        row = dict(variant=variant, T=T, path=path, device="TPU v5e (1 chip, AOT)",
+                   shape="B1 N8 K2 d128 bf16")
+        fwd, bwd, xs = split_fns(fn, args)
+        for name, f in (("fwd", fwd), ("fwd_bwd", bwd)):
+          try:
+            with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+              row[f"{name}_temp_mib"] = round(temp_mib(f, xs), 1)
+          except Exception as e:  # e.g. the program does not fit HBM
+            row[f"{name}_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+  return rows
+
+
+def markdown(cpu: list[dict], tpu: list[dict]) -> str:
+  fmt = lambda x: "-" if x is None else f"{x:.1f}"
+  lines = ["| variant | T | path | fwd ms (CPU) | fwd temp MiB | fwd+bwd temp MiB |",
+           "|---|---|---|---|---|---|"]
+  for r in cpu:
+    path = r["path"] + (" (interpret)" if r["path"] == "pallas" else "")
+    if "skipped" in r:
+      lines.append(f"| {r['variant']} | {r['T']} | {path} | skipped | | |")
+    else:
+      lines.append(f"| {r['variant']} | {r['T']} | {path} | {fmt(r['fwd_ms'])} | "
+                   f"{fmt(r['fwd_temp_mib'])} | {fmt(r['fwd_bwd_temp_mib'])} |")
+  if tpu:
+    lines += ["", "| variant | T | path | TPU v5e fwd temp MiB | fwd+bwd temp MiB |",
+              "|---|---|---|---|---|"]
+    for r in tpu:
+      cell = lambda n: fmt(r.get(f"{n}_temp_mib")) if f"{n}_error" not in r else "does not compile"
+      lines.append(f"| {r['variant']} | {r['T']} | {r['path']} | {cell('fwd')} | "
+                   f"{cell('fwd_bwd')} |")
+  return "\n".join(lines)
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--lengths", default="512,1024,2048,4096,8192")
+  parser.add_argument("--tpu-lengths", default="2048,8192,32768,65536")
+  parser.add_argument("--max-dense", type=int, default=4096, help="CPU cap for reference/xla")
+  parser.add_argument("--max-pallas-cpu", type=int, default=2048, help="CPU cap (interpret)")
+  parser.add_argument("--repeats", type=int, default=3)
+  parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "attention_kernels.json"))
+  opts = parser.parse_args()
+  caps = {"reference": opts.max_dense, "xla": opts.max_dense, "pallas": opts.max_pallas_cpu}
+  start = time.time()
+  cpu = cpu_rows([int(t) for t in opts.lengths.split(",")], caps, opts.repeats)
+  tpu = []
+  if importlib.util.find_spec("libtpu") is not None:
+    tpu = tpu_rows([int(t) for t in opts.tpu_lengths.split(",")])
+  else:
+    print("TPU AOT part skipped: libtpu not installed")
+  result = {"jax": jax.__version__, "cpu_shape": "B1 N4 K2 d64 float32 causal (V1 values 2d)",
+            "cpu_devices": str(jax.devices()), "caps": caps, "cpu": cpu, "tpu_aot": tpu,
+            "seconds": round(time.time() - start, 1),
+            "notes": "pallas on CPU = Pallas interpret mode; temp = compiled temp buffers "
+                     "(memory_analysis), not RSS."}
+  Path(opts.out).parent.mkdir(parents=True, exist_ok=True)
+  Path(opts.out).write_text(json.dumps(result, indent=1))
+  print(markdown(cpu, tpu))
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,103 @@
+"""Ahead-of-time compilation of the full sharded train step for a TPU topology, on a CPU machine.
+
+libtpu (the `tpu` extra) compiles for abstract TPU devices from
+`jax.experimental.topologies.get_topology_desc`; `compiled.memory_analysis()` then gives the
+per-chip memory of the real executable. Nothing runs; nothing needs a TPU.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+# HBM per chip in GiB, by topology prefix.
+HBM_GIB = {"v4": 32.0, "v5e": 16.0, "v5p": 95.0, "v6e": 32.0}
+GIB = 1024 ** 3
+
+
+@dataclasses.dataclass
+class AotResult:
+  topology: str
+  mesh: dict
+  per_device_batch: int
+  seq_len: int
+  compiled: bool
+  fits: bool
+  argument_gib: float = 0.0
+  output_gib: float = 0.0
+  temp_gib: float = 0.0
+  alias_gib: float = 0.0
+  total_gib: float = 0.0
+  hbm_gib: float = 0.0
+  error: str = ""
+
+
+def topology_devices(topology: str):
+  try:
+    from jax.experimental import topologies
+    return topologies.get_topology_desc(platform="tpu", topology_name=topology).devices
+  except Exception as e:  # noqa: BLE001 - libtpu missing or an unknown name: one clear line
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    raise RuntimeError(f"--topology: cannot get TPU topology '{topology}' ({first}); install the "
+                       "tpu extra (pip install -e '.[tpu]') and use names like v5e:2x2, v5p:4x4x4")
+
+
+def compile_train_step(config: ml_collections.ConfigDict, topology: str) -> AotResult:
+  """Lower and compile Trainer's train step for `topology`; report per-chip memory."""
+  from diff_transformer.training.mesh import check_parallelism, make_mesh
+  from diff_transformer.training.step import Trainer
+
+  devices = topology_devices(topology)
+  mesh = make_mesh(config.mesh, devices=devices)
+  check_parallelism(config, mesh)
+  hbm = HBM_GIB.get(topology.split(":")[0], 0.0)
+  seq, batch = config.data.seq_len, config.train.global_batch_size
+  dp = mesh.shape["data"] * mesh.shape["fsdp"]
+  result = AotResult(topology, dict(mesh.shape), batch // dp, seq, compiled=False, fits=False,
+                     hbm_gib=hbm)
+  trainer = Trainer(config, mesh)
+  from diff_transformer.training.mesh import batch_sharding
+  sharding = batch_sharding(mesh)
+  abstract_batch = {k: jax.ShapeDtypeStruct((batch, seq), dtype, sharding=sharding)
+                    for k, dtype in (("inputs", jnp.int32), ("targets", jnp.int32),
+                                     ("segment_ids", jnp.int32), ("positions", jnp.int32),
+                                     ("weights", jnp.float32))}
+  try:
+    with trainer._context():
+      compiled = trainer._train_step.lower(trainer.abstract_state, abstract_batch).compile()
+  except Exception as e:  # noqa: BLE001 - out-of-memory and other compile errors are results
+    lines = [l for l in str(e).strip().splitlines() if l.strip()]
+    result.error = lines[0][:300] if lines else type(e).__name__
+    return result
+  mem = compiled.memory_analysis()
+  result.compiled = True
+  result.argument_gib = mem.argument_size_in_bytes / GIB
+  result.output_gib = mem.output_size_in_bytes / GIB
+  result.temp_gib = mem.temp_size_in_bytes / GIB
+  result.alias_gib = mem.alias_size_in_bytes / GIB
+  result.total_gib = (mem.argument_size_in_bytes + mem.output_size_in_bytes
+                      + mem.temp_size_in_bytes - mem.alias_size_in_bytes) / GIB
+  result.fits = not hbm or result.total_gib <= hbm
+  return result
+
+
+def largest_fitting_batch(config: ml_collections.ConfigDict, topology: str,
+                          start_per_device: int) -> tuple[int, AotResult | None]:
+  """Halve the per-device batch until the step compiles within HBM (0 if even 1 does not)."""
+  from diff_transformer.training.mesh import make_mesh
+  dp = None
+  per_device = start_per_device
+  while per_device >= 1:
+    c = ml_collections.ConfigDict(config.to_dict())
+    if dp is None:
+      mesh = make_mesh(c.mesh, devices=topology_devices(topology))
+      dp = mesh.shape["data"] * mesh.shape["fsdp"]
+    c.train.global_batch_size = per_device * dp
+    c.train.micro_batches = 1
+    result = compile_train_step(c, topology)
+    if result.compiled and result.fits:
+      return per_device, result
+    per_device //= 2
+  return 0, None

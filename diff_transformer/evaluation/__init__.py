@@ -1,0 +1,6 @@
+"""Evaluation suites (SPEC section 7), one module each; `runner.evaluate` runs them on a
+checkpoint and `report` writes report.md and the multi-run comparison. See docs/evaluation.md."""
+from diff_transformer.evaluation.common import EvalError, Settings
+from diff_transformer.evaluation.runner import SUITES, evaluate, parse_suites
+
+__all__ = ["EvalError", "SUITES", "Settings", "evaluate", "parse_suites"]

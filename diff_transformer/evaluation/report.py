@@ -1,0 +1,196 @@
+"""report.md for one run, and `--compare`: several runs side by side with overlaid plots."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from diff_transformer.evaluation import common, icl, long_context, quantization
+from diff_transformer.evaluation.common import EvalError
+
+ORDER = ("loss", "long_context", "needle", "attention", "outliers", "quantization", "icl",
+         "generate")
+
+
+def metrics(name: str, r: dict) -> dict[str, object]:
+  """The suite's key numbers, flat (one row each in the report and the comparison table)."""
+  if name == "loss":
+    return {"val loss": r["loss"], "perplexity": r["perplexity"],
+            "AR-hit loss": r["ar_hit"]["loss"], "others loss": r["others"]["loss"],
+            "AR-hit fraction": r["ar_hit"]["fraction"]}
+  if name == "long_context":
+    return {f"cum. NLL @{p}": v for p, v in r["cumulative_at"].items()}
+  if name == "needle":
+    return {f"accuracy {cfg}": v for cfg, v in r["mean_accuracy"].items()}
+  if name == "attention":
+    return {f"{k} share (mean)": r["averaged"][k] for k in ("answer", "noise", "other_needles")}
+  if name == "outliers":
+    o = r["overall"]
+    return {"logit top-1": o["attention_logits"]["top1"],
+            "logit top-100": o["attention_logits"]["top100"],
+            "logit median": o["attention_logits"]["median"],
+            "hidden top-1": o["hidden_states"]["top1"],
+            "hidden median": o["hidden_states"]["median"]}
+  if name == "quantization":
+    out = {}
+    for bits, row in r["by_bits"].items():
+      out[f"loss @{bits}"] = row["loss"]
+      out[f"needle @{bits}"] = row["needle_accuracy"]
+    return out
+  if name == "icl":
+    n = str(r["demos_max"])
+    return {"demos (max)": r["demos_max"],
+            "acc @max (random)": r["accuracy_vs_demos"]["random"][n],
+            "acc @max (alternating)": r["accuracy_vs_demos"]["alternating"][n],
+            "robustness (random)": r["robustness"]["random"],
+            "robustness (alternating)": r["robustness"]["alternating"]}
+  if name == "generate":
+    return {"KV cache values/token": r["kv_cache"]["values_per_token"],
+            "greedy = full forward": all(s["greedy_matches_full_forward"] for s in r["samples"])}
+  return {}
+
+
+def fmt(v) -> str:
+  if isinstance(v, bool):
+    return "yes" if v else "no"
+  if isinstance(v, float):
+    return "nan" if math.isnan(v) else f"{v:.4g}"
+  return str(v)
+
+
+def headline(name: str, result: dict) -> str:
+  return ", ".join(f"{k} {fmt(v)}" for k, v in list(metrics(name, result).items())[:3])
+
+
+def load(out_dir: Path) -> dict[str, dict]:
+  return {n: json.loads((out_dir / f"{n}.json").read_text()) for n in ORDER
+          if (out_dir / f"{n}.json").is_file()}
+
+
+def _table(header: list[str], rows: list[list]) -> list[str]:
+  lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+  return lines + ["| " + " | ".join(fmt(c) for c in row) + " |" for row in rows]
+
+
+def _details(name: str, r: dict) -> list[str]:
+  if name == "needle":
+    lines = []
+    for cfg, per_len in r["accuracy"].items():
+      depths = list(next(iter(per_len.values())))
+      lines += [f"{cfg}, {r['samples_per_cell']} samples per cell:", ""]
+      lines += _table(["length"] + [f"depth {float(d):.0%}" for d in depths],
+                      [[L] + [per_len[L][d] for d in depths] for L in per_len]) + [""]
+    return lines + [f"Protocol: {r['protocol']}."]
+  if name == "attention":
+    rows = [[f"{float(d):.0%}", t["mean"]["answer"], t["mean"]["noise"],
+             t["mean"]["other_needles"]] for d, t in r["by_depth"].items()]
+    return (_table(["depth", "answer", "noise", "other needles"], rows) +
+            ["", f"Map: {r['map']}. Normalisation: {r['normalisation']}"])
+  if name == "outliers":
+    keys = ("top1", "top2", "top3", "top10", "top100", "median")
+    rows = [[f"{layer} {kind.replace('_', ' ')}"] + [v[kind][k] for k in keys]
+            for layer, v in {"overall": r["overall"], **r["per_layer"]}.items()
+            for kind in ("attention_logits", "hidden_states") if kind in v]
+    return _table(["", *keys], rows) + ["", r["definition"] + "."]
+  if name == "quantization":
+    return [f"Method: {r['method']}."]
+  if name == "icl":
+    return [f"Task: {r['task']}; labels {', '.join(r['labels'])} (chance {r['chance']:.2f}); "
+            f"{r['test_examples']} test examples, {r['permutations']} permutations."]
+  if name == "generate":
+    return [f"- `{s['prompt']}` -> greedy `{s['greedy']}` / sampled `{s['sampled']}`"
+            for s in r["samples"]]
+  if name == "loss":
+    return [f"{r['definition']}; {r['tokens']} target tokens."]
+  return []
+
+
+def write_report(out_dir: Path) -> Path:
+  results = load(out_dir)
+  if not results:
+    raise EvalError(f"{out_dir}: no suite results to report")
+  first = next(iter(results.values()))
+  lines = [f"# Evaluation of {first['run']} (step {first['step']}, {first['variant']})", ""]
+  for name, r in results.items():
+    lines += [f"## {name}" + (" (quick)" if r.get("quick") else ""), ""]
+    lines += _table(["metric", "value"], [[k, v] for k, v in metrics(name, r).items()]) + [""]
+    lines += _details(name, r) + [""]
+    lines += [f"![{name}]({p})" for p in r.get("plots", [])] + [""]
+  path = out_dir / "report.md"
+  path.write_text("\n".join(lines))
+  return path
+
+
+def compare(workdirs: list[str], out_dir: Path | None = None) -> Path:
+  """One table of every run's suite metrics plus overlaid plots, in out_dir/compare.md."""
+  if len(workdirs) < 2:
+    raise EvalError("--compare: give at least two run directories")
+  runs = {}
+  for w in workdirs:
+    res = load(Path(w) / "eval")
+    if not res:
+      raise EvalError(f"--compare: {Path(w) / 'eval'} holds no suite results; run "
+                      f"`python eval.py --workdir {w}` first")
+    runs[Path(w).name if Path(w).name not in runs else w] = res
+  out_dir = out_dir or Path(workdirs[0]).parent / "compare"
+  names = list(runs)
+  lines = [f"# Comparison: {', '.join(names)}", ""]
+  header = ["suite", "metric"] + [f"{n} ({next(iter(r.values()))['variant']})"
+                                  for n, r in runs.items()]
+  rows = []
+  for suite in ORDER:
+    keys: list[str] = []
+    for r in runs.values():
+      if suite in r:
+        keys += [k for k in metrics(suite, r[suite]) if k not in keys]
+    for k in keys:
+      rows.append([suite, k] + [metrics(suite, r[suite]).get(k, "-") if suite in r else "-"
+                                for r in runs.values()])
+  lines += _table(header, rows) + [""]
+  for plot in _overlays(runs, out_dir):
+    lines += [f"![{plot}]({plot})", ""]
+  path = out_dir / "compare.md"
+  out_dir.mkdir(parents=True, exist_ok=True)
+  path.write_text("\n".join(lines))
+  (out_dir / "compare.json").write_text(json.dumps(
+      {n: {s: metrics(s, v) for s, v in r.items()} for n, r in runs.items()}, indent=2) + "\n")
+  return path
+
+
+def _overlays(runs: dict[str, dict], out_dir: Path) -> list[str]:
+  have = lambda s: {n: r[s] for n, r in runs.items() if s in r}
+  plots = []
+  if have("long_context"):
+    plots.append(long_context.plot({n: r["cumulative_nll"] for n, r in have("long_context").items()},
+                                   out_dir / "long_context.png"))
+  if have("quantization"):
+    plots.append(quantization.plot({n: r["by_bits"] for n, r in have("quantization").items()},
+                                   out_dir / "quantization.png"))
+  if have("icl"):
+    plots.append(icl.plot({n: r["accuracy_vs_demos"] for n, r in have("icl").items()},
+                          out_dir / "icl.png"))
+  for suite, ylabel in (("needle", "needle accuracy"), ("attention", "attention share")):
+    if have(suite):
+      plots.append(_by_depth(suite, have(suite), ylabel, out_dir / f"{suite}.png"))
+  return plots
+
+
+def _by_depth(suite: str, results: dict[str, dict], ylabel: str, path: Path) -> str:
+  """Needle accuracy (mean over lengths) or answer/noise shares against depth, one line each."""
+  plt = common.pyplot()
+  fig, ax = plt.subplots(figsize=(5, 3.2))
+  for name, r in results.items():
+    if suite == "needle":
+      for cfg, per_len in r["accuracy"].items():
+        depths = list(next(iter(per_len.values())))
+        ys = [sum(per_len[L][d] for L in per_len) / len(per_len) for d in depths]
+        ax.plot([float(d) for d in depths], ys, "o-", label=f"{name} {cfg}")
+    else:
+      depths = list(r["by_depth"])
+      for k, style in (("answer", "o-"), ("noise", "s--")):
+        ax.plot([float(d) for d in depths], [r["by_depth"][d]["mean"][k] for d in depths],
+                style, label=f"{name} {k}")
+  ax.set_xlabel("answer depth")
+  ax.set_ylabel(ylabel)
+  ax.legend(fontsize=7)
+  return common.save_figure(fig, path)

@@ -1,0 +1,128 @@
+"""Restore a run, run the chosen suites, write <run>/eval/<suite>.json, plots and report.md."""
+from __future__ import annotations
+
+import functools
+import time
+from pathlib import Path
+
+from diff_transformer.evaluation import (attention, common, generate, icl, long_context, loss,
+                                         needle, outliers, quantization, report)
+from diff_transformer.evaluation.common import EvalError, Settings
+
+SUITES = ("loss", "long_context", "needle", "attention", "outliers", "quantization", "icl",
+          "generate")
+
+
+def parse_suites(text: str) -> list[str]:
+  names = [s.strip() for s in text.split(",") if s.strip()]
+  if not names or names == ["all"]:
+    return list(SUITES)
+  unknown = [s for s in names if s not in SUITES]
+  if unknown:
+    raise EvalError(f"--suites: unknown suite '{unknown[0]}'; choose from {', '.join(SUITES)}")
+  return names
+
+
+class Run:
+  """A restored checkpoint plus its data, loaded lazily (a suite reads only what it needs)."""
+
+  def __init__(self, workdir: str | Path, step: int | None = None, mesh=None,
+               settings: Settings | None = None):
+    from diff_transformer.data import DataError
+    from diff_transformer.training.checkpoint import restore_model
+    from diff_transformer.training.mesh import TrainError
+    self.workdir = Path(workdir)
+    self.settings = settings or Settings()
+    try:
+      self.model, self.config, self.step = restore_model(self.workdir, step=step, mesh=mesh)
+    except (TrainError, DataError, OSError, ValueError) as e:
+      raise EvalError(_one_line(e)) from e
+    self.out_dir = self.workdir / "eval"
+    self.context = common.check_context(
+        self.model, self.settings.context_len or self.model.spec.max_seq_len, "--context_len")
+
+  @functools.cached_property
+  def fns(self) -> common.Fns:
+    return common.Fns(self.model)
+
+  @functools.cached_property
+  def dataset(self):
+    from diff_transformer.data import DataError, load_dataset
+    from diff_transformer.training.checkpoint import check_tokenizer_record
+    try:
+      ds = load_dataset(self.config.data, seq_len=self.context)
+      check_tokenizer_record(self.workdir, ds.tokenizer)
+    except (DataError, OSError, RuntimeError) as e:
+      raise EvalError(_one_line(e)) from e
+    return ds
+
+  @property
+  def tokenizer(self):
+    return self.dataset.tokenizer
+
+  @functools.cached_property
+  def heldout_texts(self) -> list[str]:
+    from diff_transformer.data import heldout_documents
+    return heldout_documents(self.dataset)
+
+  def val_batches(self, count: int) -> list[dict]:
+    from diff_transformer.data import validation_batches
+    return list(validation_batches(self.dataset, self.config.data, self.settings.batch_size,
+                                   count or None))
+
+  def documents(self) -> list[tuple[str, str]]:
+    names = self.dataset.metadata["splits"]["val"]["document_names"]
+    return list(zip(names, self.heldout_texts))
+
+
+def _one_line(e: BaseException) -> str:
+  lines = [l.strip() for l in str(e).strip().splitlines() if l.strip()]
+  return lines[-1] if lines else type(e).__name__
+
+
+def run_suite(run: Run, name: str) -> dict:
+  s, out = run.settings, run.out_dir
+  if name == "loss":
+    return loss.run(run.fns, run.val_batches(s.val_batches), s, out)
+  if name == "long_context":
+    return long_context.run(run.fns, run.dataset.document_tokens("val"), run.dataset.eot_id, s,
+                            out)
+  if name == "needle":
+    return needle.run(run.fns, run.tokenizer, run.heldout_texts, s, out)
+  if name == "attention":
+    return attention.run(run.fns, run.tokenizer, run.heldout_texts, s, out)
+  if name == "outliers":
+    return outliers.run(run.fns, run.val_batches(1)[0], s, out)
+  if name == "quantization":
+    return quantization.run(run.model, run.val_batches(s.quant_val_batches), run.tokenizer,
+                            run.heldout_texts, s, out)
+  if name == "icl":
+    return icl.run(run.fns, run.tokenizer, run.documents(), s, out)
+  if name == "generate":
+    return generate.run(run.fns, run.tokenizer, run.heldout_texts, s, out)
+  raise EvalError(f"unknown suite '{name}'")
+
+
+def evaluate(workdir: str | Path, suites: list[str], *, step: int | None = None, mesh=None,
+             settings: Settings | None = None) -> dict[str, dict]:
+  """Runs the suites on a run's checkpoint; returns {suite: result} and writes the files."""
+  run = Run(workdir, step, mesh, settings)
+  spec = run.model.spec
+  print(f"Evaluating {run.workdir} at step {run.step}: {spec.variant}, D={spec.d_model}, "
+        f"L={spec.num_layers}, max_seq_len={spec.max_seq_len}"
+        f"{' (quick)' if run.settings.quick else ''}", flush=True)
+  results = {}
+  for name in suites:
+    start = time.perf_counter()
+    print(f"[{name}]", flush=True)
+    result = run_suite(run, name)
+    result = dict(suite=name, run=str(run.workdir), step=run.step, variant=spec.variant,
+                  quick=run.settings.quick, seconds=round(time.perf_counter() - start, 2),
+                  **result)
+    path = common.write_json(run.out_dir, name, result)
+    print(f"[{name}] {report.headline(name, result)}  -> {path} ({result['seconds']:.0f}s)",
+          flush=True)
+    results[name] = result
+  report.write_report(run.out_dir)
+  return results
+

@@ -1,0 +1,182 @@
+"""`train(config, workdir)`: data, mesh, sharded state, the step loop, checkpoints and logs.
+
+Resumes from the newest readable checkpoint in `workdir` (same data order, same losses), saves
+and exits on SIGTERM/SIGINT, and stops on a non-finite loss without saving it.
+"""
+from __future__ import annotations
+
+import math
+import signal
+import time
+from pathlib import Path
+
+import jax
+import ml_collections
+import numpy as np
+
+from diff_transformer.training import checkpoint as ckpt_lib
+from diff_transformer.training.mesh import (TrainError, check_parallelism, global_batch,
+                                            make_mesh)
+from diff_transformer.training.metrics import (MetricsLogger, expand_layers,
+                                               peak_tflops_per_device, train_flops_per_token)
+from diff_transformer.training.step import Trainer
+
+
+class StopSignal:
+  """Turns SIGTERM/SIGINT into a request to save and exit at the next step boundary."""
+
+  def __init__(self):
+    self.requested: str | None = None
+    self._previous = {}
+    for sig in (signal.SIGTERM, signal.SIGINT):
+      try:
+        self._previous[sig] = signal.signal(sig, self._handle)
+      except ValueError:  # not the main thread (e.g. called from a worker): no handlers
+        pass
+
+  def _handle(self, signum, frame):
+    if self.requested is not None and signum == signal.SIGINT:
+      raise KeyboardInterrupt  # a second Ctrl-C means now
+    self.requested = signal.Signals(signum).name
+
+  def agreed(self) -> bool:
+    """All processes must stop at the same step: any process's request stops everyone."""
+    flag = self.requested is not None
+    if jax.process_count() > 1:
+      from jax.experimental import multihost_utils
+      flag = bool(np.any(multihost_utils.process_allgather(np.int32(flag))))
+    return flag
+
+  def close(self) -> None:
+    for sig, handler in self._previous.items():
+      signal.signal(sig, handler)
+
+
+def _check_finite(step: int, values: dict, checkpointer: ckpt_lib.Checkpointer) -> None:
+  loss, grad_norm = float(values["loss"]), float(values["grad_norm"])
+  if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+    checkpointer.wait()
+    last = checkpointer.latest_step()
+    kept = (f"the last good checkpoint (step {last}) is intact in {checkpointer.directory}"
+            if last is not None else "no checkpoint was saved")
+    raise TrainError(f"step {step}: loss {loss}, grad norm {grad_norm} is not finite; stopped "
+                     f"without saving it; {kept}; lower train.lr or raise warmup_steps")
+
+
+def evaluate(trainer: Trainer, state, dataset, config: ml_collections.ConfigDict, mesh) -> dict:
+  """Validation loss and perplexity over up to train.eval_batches held-out batches."""
+  from diff_transformer import data
+  t = config.train
+  batch_size = t.global_batch_size // t.micro_batches  # the size a step already fits in memory
+  nll, tokens = 0.0, 0.0
+  for local in data.validation_batches(dataset, config.data, batch_size, t.eval_batches,
+                                       process_index=jax.process_index(),
+                                       process_count=jax.process_count()):
+    batch_nll, batch_tokens = trainer.eval_step(state, global_batch(mesh, local))
+    nll, tokens = nll + batch_nll, tokens + batch_tokens
+  nll, tokens = float(nll), float(tokens)
+  if tokens == 0:
+    raise TrainError(f"{dataset.path}: the validation split yields no tokens")
+  loss = nll / tokens
+  return dict(val_loss=loss, val_perplexity=math.exp(min(loss, 80.0)), val_tokens=tokens)
+
+
+def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
+  """Trains to config.train.steps (resuming if the workdir holds checkpoints); returns a summary
+  {step, loss, val_loss, unigram_entropy, tokens_per_s, mfu, stopped_by}."""
+  from diff_transformer import data
+  workdir = Path(workdir).expanduser().resolve()
+  t = config.train
+  dataset = data.load_dataset(config.data, seq_len=config.data.seq_len)
+  if dataset.vocab_size > config.model.vocab_size:
+    raise TrainError(f"model.vocab_size: {config.model.vocab_size} is smaller than the "
+                     f"{dataset.tokenizer.name} tokenizer's {dataset.vocab_size} ids")
+  ckpt_lib.check_run_record(workdir, config, dataset.tokenizer)
+  mesh = make_mesh(config.mesh)
+  check_parallelism(config, mesh)
+  trainer = Trainer(config, mesh)
+  iterator = data.train_iterator(dataset, config.data, t.global_batch_size,
+                                 jax.process_index(), jax.process_count(), seed=config.data.seed)
+  checkpointer = ckpt_lib.Checkpointer(workdir, t)
+  found = checkpointer.restore(trainer.abstract_state, iterator)
+  if found is not None:
+    state, start = found
+    print(f"Resumed from checkpoint step {start} in {checkpointer.directory}", flush=True)
+  else:
+    state, start = trainer.init(), 0
+  ckpt_lib.write_run_record(workdir, config, dataset)
+
+  seq_len = dataset.seq_len
+  tokens_per_step = t.global_batch_size * seq_len
+  flops_per_step = train_flops_per_token(trainer.spec, seq_len) * tokens_per_step
+  peak_flops = peak_tflops_per_device(t.peak_tflops) * 1e12 * jax.device_count()
+  logger = MetricsLogger(workdir, t.steps, start)
+  logger.print(f"# {config.model.variant} on mesh {dict(mesh.shape)} ({jax.device_count()} "
+               f"{jax.devices()[0].platform} devices, {jax.process_count()} processes); "
+               f"{trainer.spec.num_layers} layers, d_model {trainer.spec.d_model}; "
+               f"{tokens_per_step} tokens/step; workdir {workdir}")
+  stop = StopSignal()
+  summary: dict = dict(step=start, stopped_by=None)
+  pending = None  # (step, metrics) whose finiteness is checked one step late (keeps dispatch async)
+  window_time, window_steps, rate = None, 0, dict(tokens_per_s=float("nan"), mfu=float("nan"))
+  step = start
+  try:
+    while step < t.steps:
+      batch = global_batch(mesh, next(iterator))
+      state, metrics = trainer.train_step(state, batch)
+      step += 1
+      if pending is not None:
+        _check_finite(pending[0], jax.device_get(pending[1]), checkpointer)
+      pending = (step, metrics)
+      last = step == t.steps
+      if step % t.log_every == 0 or last or step == start + 1:
+        values = jax.device_get(metrics)
+        _check_finite(step, values, checkpointer)
+        now = time.perf_counter()
+        if window_time is not None and window_steps:  # the first step (compile) is not timed
+          seconds = (now - window_time) / window_steps
+          rate = dict(tokens_per_s=tokens_per_step / seconds,
+                      mfu=flops_per_step / seconds / peak_flops)
+        window_time, window_steps = now, 0
+        lam_L = values.pop("lambda", None)
+        if lam_L is not None:
+          values |= expand_layers("lambda", lam_L)
+        lam = trainer.lambda_stats(state, batch) if trainer.spec.variant == "diff_v2" else None
+        if lam is not None:
+          values |= expand_layers("lambda", jax.device_get(lam))
+        values |= dict(perplexity=math.exp(min(float(values["loss"]), 80.0)), **rate)
+        logger.write(step, values)
+        logger.progress(step, values)
+        summary.update(step=step, loss=float(values["loss"]), **rate)
+      window_steps += 1
+      if step % t.eval_every == 0 or last:
+        val = evaluate(trainer, state, dataset, config, mesh)
+        logger.write(step, val, kind="val")
+        logger.progress(step, val)
+        summary.update(val)
+        window_time = time.perf_counter()  # keep evaluation out of the training rate
+        window_steps = 0
+      stopping = stop.agreed()
+      if stopping or last or step % t.checkpoint_every == 0:
+        _check_finite(step, jax.device_get(metrics), checkpointer)  # never save a NaN state
+        pending = None
+        checkpointer.save(step, state, iterator)
+        window_time, window_steps = time.perf_counter(), 0
+      if stopping:
+        summary["stopped_by"] = stop.requested
+        logger.print(f"{stop.requested}: saved checkpoint step {step} in "
+                     f"{checkpointer.directory}; exiting")
+        break
+    summary["step"] = step
+  finally:
+    stop.close()
+    checkpointer.close()  # waits for the async save to commit
+    logger.close()
+  if summary["stopped_by"] is None and "val_loss" in summary:
+    summary["unigram_entropy"] = data.unigram_entropy(dataset)
+    if jax.process_index() == 0:
+      print(f"Final validation loss {summary['val_loss']:.4f} nats/token (perplexity "
+            f"{summary['val_perplexity']:.1f}) vs unigram baseline "
+            f"{summary['unigram_entropy']:.4f} nats/token; checkpoint step {step} in "
+            f"{checkpointer.directory}", flush=True)
+  return summary

@@ -1,0 +1,102 @@
+"""Evaluate a training run: `python eval.py --workdir runs/default --suites loss,needle [--quick]`.
+
+Restores the newest checkpoint (or --step) onto the devices at hand, whatever mesh trained it,
+runs the suites and writes <workdir>/eval/<suite>.json, plots and report.md.
+`python eval.py --compare runs/a runs/b ...` puts finished evaluations side by side
+(<parent>/compare/compare.md, or --compare_dir). See docs/evaluation.md.
+"""
+from __future__ import annotations
+
+import sys
+
+from diff_transformer import cli
+
+cli.default_platform()
+
+from absl import app, flags  # noqa: E402
+
+from diff_transformer.evaluation import EvalError, Settings, evaluate, parse_suites  # noqa: E402
+
+flags.DEFINE_string("workdir", "runs/default", "Training run directory (config + checkpoints).")
+flags.DEFINE_string("suites", "all", "Comma-separated suites: loss, long_context, needle, "
+                    "attention, outliers, quantization, icl, generate (or all).")
+flags.DEFINE_integer("step", None, "Checkpoint step (default: the newest readable one).")
+flags.DEFINE_bool("quick", False, "Small suite sizes: all suites in a few CPU minutes.")
+flags.DEFINE_string("mesh", "", "data,fsdp,tensor sizes to restore onto (-1 = the rest); "
+                    "default one device.")
+flags.DEFINE_bool("compare", False, "Compare the evaluated runs given as arguments.")
+flags.DEFINE_string("compare_dir", "", "Where --compare writes (default <parent>/compare).")
+flags.DEFINE_integer("seed", None, "Seed for needles, demos and sampling.")
+flags.DEFINE_integer("batch_size", None, "Rows per forward pass.")
+flags.DEFINE_integer("val_batches", None, "Validation batches for loss (0 = all).")
+flags.DEFINE_integer("context_len", None, "Context for loss/long_context (<= max_seq_len).")
+flags.DEFINE_list("needle_lengths", None, "Needle context lengths (default max/2, max).")
+flags.DEFINE_list("needle_configs", None, "N x R pairs, e.g. 1x1,2x2,4x2,6x2.")
+flags.DEFINE_integer("needle_samples", None, "Samples per (length, depth).")
+flags.DEFINE_string("icl_data", None, "JSONL of {text, label} for icl (default built-in).")
+flags.DEFINE_string("prompt", None, "Prompt for generate (default held-out openings).")
+flags.DEFINE_integer("max_new_tokens", None, "Tokens to generate.")
+flags.DEFINE_float("temperature", None, "Sampling temperature for generate.")
+flags.DEFINE_integer("top_k", None, "Top-k for sampling (0 = off).")
+FLAGS = flags.FLAGS
+
+
+def _ints(values, flag: str) -> tuple[int, ...] | None:
+  if values is None:
+    return None
+  try:
+    return tuple(int(v) for v in values)
+  except ValueError:
+    raise EvalError(f"--{flag}: expected integers, got {','.join(values)}") from None
+
+
+def _pairs(values) -> tuple[tuple[int, int], ...] | None:
+  if values is None:
+    return None
+  try:
+    return tuple((int(n), int(r)) for n, r in (v.lower().split("x") for v in values))
+  except ValueError:
+    raise EvalError(f"--needle_configs: expected NxR pairs like 4x2, got {','.join(values)}"
+                    ) from None
+
+
+def _mesh():
+  if not FLAGS.mesh:
+    return None
+  import ml_collections
+  from diff_transformer.training.mesh import TrainError, make_mesh
+  sizes = _ints(FLAGS.mesh.split(","), "mesh")
+  if len(sizes) != 3:
+    raise EvalError(f"--mesh: expected data,fsdp,tensor, got {FLAGS.mesh}")
+  try:
+    return make_mesh(ml_collections.ConfigDict(dict(zip(("data", "fsdp", "tensor"), sizes))))
+  except TrainError as e:
+    raise EvalError(str(e)) from None
+
+
+def main(argv):
+  try:
+    if FLAGS.compare:
+      from diff_transformer.evaluation import report
+      from pathlib import Path
+      path = report.compare(argv[1:], Path(FLAGS.compare_dir) if FLAGS.compare_dir else None)
+      print(f"Comparison written to {path}")
+      return
+    if len(argv) > 1:
+      raise EvalError(f"unexpected arguments {' '.join(argv[1:])} (runs to compare need "
+                      "--compare)")
+    suites = parse_suites(FLAGS.suites)
+    settings = Settings.for_mode(
+        FLAGS.quick, seed=FLAGS.seed, batch_size=FLAGS.batch_size, val_batches=FLAGS.val_batches,
+        context_len=FLAGS.context_len, needle_lengths=_ints(FLAGS.needle_lengths, "needle_lengths"),
+        needle_configs=_pairs(FLAGS.needle_configs), needle_samples=FLAGS.needle_samples,
+        icl_data=FLAGS.icl_data, prompt=FLAGS.prompt, max_new_tokens=FLAGS.max_new_tokens,
+        temperature=FLAGS.temperature, top_k=FLAGS.top_k)
+    evaluate(FLAGS.workdir, suites, step=FLAGS.step, mesh=_mesh(), settings=settings)
+    print(f"Report: {FLAGS.workdir}/eval/report.md")
+  except EvalError as e:
+    sys.exit(f"error: {e}")
+
+
+if __name__ == "__main__":
+  app.run(main, flags_parser=cli.parse_flags)

@@ -1,0 +1,91 @@
+"""KV-cache decoding equals full-sequence recomputation; cache sizes follow SPEC section 5."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from diff_transformer.evaluation import common, decoding
+from diff_transformer.model import build_model
+from diff_transformer.model import cache as kv_cache
+from diff_transformer.model.spec import ModelSpec
+
+VOCAB = 61
+# Every variant with grouped-query attention (h_kv < heads), plus plain MHA for the baseline.
+CASES = {
+    "transformer_gqa": dict(variant="transformer", num_heads=4, num_kv_heads=2, head_dim=16),
+    "transformer_mha": dict(variant="transformer", num_heads=4, head_dim=16),
+    "diff_gqa": dict(variant="diff", num_heads=2, num_kv_heads=1, head_dim=16),
+    "shared_diff_gqa": dict(variant="shared_diff", num_heads=2, num_kv_heads=1, head_dim=16,
+                            rank=4),
+    "diff_v2_gqa": dict(variant="diff_v2", num_heads=4, num_kv_heads=2, head_dim=16),
+}
+
+
+def tiny(kernel="xla", **kw) -> ModelSpec:
+  return ModelSpec(vocab_size=VOCAB, d_model=64, num_layers=2, ffn_dim=128, max_seq_len=48,
+                   kernel=kernel, init_std=0.1, **kw)
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def fns(request):
+  return common.Fns(build_model(tiny(**CASES[request.param]), nnx.Rngs(0)))
+
+
+def test_incremental_decode_matches_full_forward(fns):
+  tokens = np.asarray(jax.random.randint(jax.random.key(1), (2, 20), 0, VOCAB), np.int32)
+  full = np.asarray(fns.logits(tokens))
+  cache = fns.model.init_cache(2, 32)
+  logits, cache = fns.decode(tokens[:, :7], cache)  # prefill
+  steps = [np.asarray(logits)]
+  for t in range(7, 20):  # then one token at a time
+    logits, cache = fns.decode(tokens[:, t:t + 1], cache)
+    steps.append(np.asarray(logits))
+  np.testing.assert_allclose(np.concatenate(steps, axis=1), full, atol=1e-5, rtol=0)
+  assert cache.lengths.tolist() == [20, 20]
+
+
+def test_right_padded_prefill_of_different_lengths(fns):
+  """Rows of a batch may hold prompts of different lengths (what needle/ICL decoding does)."""
+  rng = np.random.default_rng(0)
+  prompts = [rng.integers(0, VOCAB, n).tolist() for n in (5, 11, 8)]
+  new = decoding.generate(fns, prompts, 6)
+  for p, g in zip(prompts, new):
+    seq = np.asarray([p + g[:-1]], np.int32)
+    assert np.asarray(fns.logits(seq)).argmax(-1)[0, len(p) - 1:].tolist() == g
+
+
+def test_reference_kernel_decode_matches_full_forward():
+  spec = tiny("reference", **CASES["diff_gqa"])
+  f = common.Fns(build_model(spec, nnx.Rngs(2)))
+  tokens = np.arange(12, dtype=np.int32)[None] % VOCAB
+  full = np.asarray(f.logits(tokens))
+  cache = f.model.init_cache(1, 16)
+  first, cache = f.decode(tokens[:, :11], cache)
+  last, _ = f.decode(tokens[:, 11:], cache)
+  np.testing.assert_allclose(np.concatenate([first, last], 1), full, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_cache_size_per_token_follows_spec(name):
+  spec = tiny(**CASES[name])
+  k, d = spec.kv_heads, spec.head_dim
+  cache = kv_cache.init(spec, batch=1, max_len=4)
+  key_shape, value_shape = cache.k.shape[3:], cache.v.shape[3:]
+  if spec.variant in ("transformer", "diff_v2"):  # h_kv x d keys and values
+    assert key_shape == (k, d) and value_shape == (k, d)
+    assert cache.values_per_token == spec.num_layers * 2 * k * d
+  else:  # 2 h_kv keys of width d, h_kv values of width 2d
+    assert key_shape == (2 * k, d) and value_shape == (k, 2 * d)
+    assert cache.values_per_token == spec.num_layers * 4 * k * d
+
+
+def test_diff_v2_cache_equals_baseline_cache():
+  base = kv_cache.init(tiny(**CASES["transformer_gqa"]), 1, 4)
+  v2 = kv_cache.init(tiny(**CASES["diff_v2_gqa"]), 1, 4)
+  assert base.k.shape == v2.k.shape and base.v.shape == v2.v.shape
+
+
+def test_decode_beyond_max_seq_len_is_one_clear_error(fns):
+  with pytest.raises(common.EvalError, match="exceeds the model's max_seq_len 48"):
+    decoding.generate(fns, [[1] * 40], 10)
