@@ -7,6 +7,7 @@ per-chip memory of the real executable. Nothing runs; nothing needs a TPU.
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import jax
 import jax.numpy as jnp
@@ -35,6 +36,7 @@ class AotResult:
 
 
 def topology_devices(topology: str):
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # libtpu's lock would bar a second compiler
   try:
     from jax.experimental import topologies
     return topologies.get_topology_desc(platform="tpu", topology_name=topology).devices

@@ -45,6 +45,15 @@ def constrain(x: jax.Array, names: tuple[str | None, ...]) -> jax.Array:
   return jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(mesh, spec))
 
 
+def mesh_axes(mesh, name: str) -> str | tuple[str, ...] | None:
+  """The mesh axes a logical name maps to under the active rules (those present in `mesh`)."""
+  axes = dict(get_logical_axis_rules() or LOGICAL_RULES).get(name)
+  if axes is None:
+    return None
+  kept = tuple(a for a in ((axes,) if isinstance(axes, str) else axes) if a in mesh.axis_names)
+  return kept or None
+
+
 def _fits(mesh, axes) -> bool:
   axes = (axes,) if isinstance(axes, str) else axes
   return all(a in mesh.axis_names for a in axes)

@@ -92,9 +92,8 @@ def run(fns: common.Fns, tokenizer, texts: list[str], settings, out_dir) -> dict
 
 
 def plot(by_depth: dict, path) -> str:
-  plt = common.pyplot()
   depths = list(by_depth)
-  fig, ax = plt.subplots(figsize=(5, 3))
+  fig, ax = common.figure(size=(5, 3))
   for k in ("answer", "noise"):
     ax.plot([float(d) for d in depths], [by_depth[d]["mean"][k] for d in depths], "o-", label=k)
   ax.set_xlabel("answer depth")

@@ -120,7 +120,7 @@ def with_logit_bits(model, bits: int | None):
   """A copy of `model` whose attention quantises its logits to `bits` bits (reference kernel)."""
   graphdef, state = nnx.split(model)
   copy = nnx.merge(graphdef, state)
-  for _, module in copy.iter_modules():
+  for _, module in nnx.iter_modules(copy):
     if isinstance(module, Attention):
       module.logit_bits = bits
       module.kernel = "reference"
@@ -169,9 +169,14 @@ def pyplot():
   return plt
 
 
+def figure(ncols: int = 1, size=(5, 3.2)):
+  """(fig, axes) with constrained layout; axes is one Axes, or a list when ncols > 1."""
+  fig, axes = pyplot().subplots(1, ncols, figsize=size, layout="constrained", squeeze=False)
+  return fig, (axes[0, 0] if ncols == 1 else list(axes[0]))
+
+
 def save_figure(fig, path: Path) -> str:
   path.parent.mkdir(parents=True, exist_ok=True)
-  fig.tight_layout()
   fig.savefig(path, dpi=120)
   pyplot().close(fig)
   return path.name

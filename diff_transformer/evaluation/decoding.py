@@ -2,8 +2,8 @@
 scoring of a fixed candidate set (ICL labels).
 
 Prompts of different lengths share one batch: they are right-padded, prefilled in one call with
-their true lengths (model.decode), then extended one token per call. Shapes are bucketed so a
-suite compiles only a handful of programs.
+their true lengths (model.decode), then extended one token per call. Shapes are bucketed (cache
+length to a multiple of 64, rows to a power of two) so a suite compiles only a few programs.
 """
 from __future__ import annotations
 
@@ -20,16 +20,21 @@ def _cache_len(fns: Fns, prompt_len: int, extra: int) -> int:
   if need > limit:
     raise EvalError(f"decoding: prompt of {prompt_len} tokens + {extra} new tokens exceeds the "
                     f"model's max_seq_len {limit}")
-  return min(limit, int(np.ceil(need / 32) * 32))
+  return min(limit, int(np.ceil(need / 64) * 64))
 
 
 def prefill(fns: Fns, prompts: list[list[int]], extra: int):
-  """Cache holding the prompts and the logits [B, V] predicting each prompt's next token."""
+  """Cache holding the prompts and the logits [B, V] predicting each prompt's next token.
+
+  Rows are padded to a power of two with copies of the first prompt (callers use the first
+  len(prompts) rows of what comes back).
+  """
   if any(len(p) == 0 for p in prompts):
     raise EvalError("decoding: empty prompt")
   cache_len = _cache_len(fns, max(len(p) for p in prompts), extra)
-  tokens, lengths = pad_rows(prompts, limit=cache_len)
-  cache = fns.model.init_cache(len(prompts), cache_len)
+  rows = 1 << (len(prompts) - 1).bit_length()
+  tokens, lengths = pad_rows(prompts + [prompts[0]] * (rows - len(prompts)), length=cache_len)
+  cache = fns.model.init_cache(rows, cache_len)
   logits, cache = fns.decode(tokens, cache, lengths)
   last = jnp.take_along_axis(logits, jnp.asarray(lengths - 1)[:, None, None], axis=1)[:, 0]
   return last, cache
@@ -50,8 +55,8 @@ def generate(fns: Fns, prompts: list[list[int]], max_new_tokens: int, *, tempera
   """New tokens per prompt (greedy when temperature is 0), stopping early at a stop id."""
   logits, cache = prefill(fns, prompts, max_new_tokens)
   key = jax.random.key(seed)
-  out = np.zeros((len(prompts), max_new_tokens), np.int32)
-  done = np.zeros(len(prompts), bool)
+  out = np.zeros((logits.shape[0], max_new_tokens), np.int32)
+  done = np.zeros(logits.shape[0], bool)
   for t in range(max_new_tokens):
     key, sub = jax.random.split(key)
     nxt = np.asarray(_pick(logits, sub, temperature, top_k), np.int32)
@@ -62,7 +67,7 @@ def generate(fns: Fns, prompts: list[list[int]], max_new_tokens: int, *, tempera
     logits, cache = fns.decode(nxt[:, None], cache)
     logits = logits[:, 0]
   result = []
-  for row in out[:, :t + 1].tolist():
+  for row in out[:len(prompts), :t + 1].tolist():
     cut = next((i for i, tok in enumerate(row) if tok in stop_ids), len(row))
     result.append(row[:cut + 1] if cut < len(row) else row)
   return result
@@ -78,15 +83,16 @@ def score_candidates(fns: Fns, prompts: list[list[int]], candidates: list[list[i
   longest = max(len(c) for c in candidates)
   first, cache = prefill(fns, prompts, longest)
   first = jax.nn.log_softmax(first, axis=-1)
-  scores = np.zeros((len(prompts), len(candidates)), np.float64)
+  rows = first.shape[0]
+  scores = np.zeros((rows, len(candidates)), np.float64)
   for j, cand in enumerate(candidates):
     total = np.asarray(first[:, cand[0]], np.float64)
     if len(cand) > 1:
-      toks = np.tile(np.asarray(cand[:-1], np.int32), (len(prompts), 1))
+      toks = np.tile(np.asarray(cand[:-1], np.int32), (rows, 1))
       logits, _ = fns.decode(toks, cache)
       logp = jax.nn.log_softmax(logits, axis=-1)
       total = total + np.asarray(
           jnp.take_along_axis(logp, jnp.asarray(cand[1:])[None, :, None], axis=-1)[..., 0]
       ).sum(-1)
     scores[:, j] = total
-  return scores
+  return scores[:len(prompts)]

@@ -50,5 +50,4 @@ def run(fns: common.Fns, tokenizer, texts: list[str], settings, out_dir) -> dict
               sampling=dict(temperature=settings.temperature, top_k=settings.top_k,
                             seed=settings.seed),
               kv_cache=dict(key_heads=kh, key_width=kw, value_heads=vh, value_width=vw,
-                            values_per_token_per_layer=kh * kw + vh * vw,
-                            values_per_token=fns.spec.num_layers * (kh * kw + vh * vw)))
+                            values_per_token=kv_cache.init(fns.spec, 1, 1).values_per_token))

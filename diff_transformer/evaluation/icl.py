@@ -70,7 +70,8 @@ def builtin_task(documents: list[tuple[str, str]], classes: int, per_class: int,
   out = []
   for label in ranked:
     lines = by_label[label]
-    starts = rng.choice(max(1, len(lines) - lines_per_passage), per_class, replace=False)
+    room = max(1, len(lines) - lines_per_passage)
+    starts = rng.choice(room, min(per_class, room), replace=False)
     out += [Example(" / ".join(lines[s:s + lines_per_passage]), label) for s in starts]
   return out
 
@@ -180,8 +181,7 @@ def run(fns, tokenizer, documents: list[tuple[str, str]], settings, out_dir) -> 
 
 
 def plot(runs: dict[str, dict], path) -> str:
-  plt = common.pyplot()
-  fig, ax = plt.subplots(figsize=(5, 3.2))
+  fig, ax = common.figure()
   for name, by_order in runs.items():
     for order, curve in by_order.items():
       xs = [int(n) for n in curve]

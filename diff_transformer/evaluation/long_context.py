@@ -46,8 +46,7 @@ def run(fns: common.Fns, documents: list[np.ndarray], eot_id: int, settings, out
 
 
 def plot(curves: dict[str, list[float]], path) -> str:
-  plt = common.pyplot()
-  fig, ax = plt.subplots(figsize=(5, 3.2))
+  fig, ax = common.figure()
   for name, cum in curves.items():
     ax.plot(np.arange(1, len(cum) + 1), cum, label=name)
   ax.set_xscale("log")

@@ -130,10 +130,11 @@ def build_sample(haystack: Haystack, length: int, num_needles: int, num_queries:
   # Line boundaries (token offsets) where needles may go.
   bounds = np.cumsum([0] + [len(l) for l in lines])
   answer_at = int(bounds[np.argmin(np.abs(bounds - depth * bounds[-1]))])
-  slots = [answer_at] + [int(b) for b in rng.choice(bounds, num_needles - 1)]
+  others = bounds[bounds != answer_at]  # the answer's boundary stays its own
+  slots = [answer_at] + [int(b) for b in rng.choice(others if len(others) else bounds,
+                                                      num_needles - 1)]
   queried = [0] + [int(i) for i in rng.permutation(np.arange(1, num_needles))[:num_queries - 1]]
   hay = [t for l in lines for t in l]
-  # Insert in boundary order; the answer needle goes first at a shared boundary (depth 0 = first).
   order = sorted(range(num_needles), key=lambda i: (slots[i], i))
   context, needles, cursor = [], [None] * num_needles, 0
   for i in order:
@@ -235,9 +236,9 @@ def run(fns: common.Fns, tokenizer, texts: list[str], settings, out_dir) -> dict
 
 
 def heatmap(acc: dict, path) -> str:
-  plt = common.pyplot()
-  fig, axes = plt.subplots(1, len(acc), figsize=(3.2 * len(acc), 3), squeeze=False)
-  for ax, (cfg, per_len) in zip(axes[0], acc.items()):
+  fig, axes = common.figure(len(acc), size=(3.4 * len(acc), 3))
+  axes = axes if isinstance(axes, list) else [axes]
+  for ax, (cfg, per_len) in zip(axes, acc.items()):
     lengths = list(per_len)
     depths = list(next(iter(per_len.values())))
     grid = np.array([[per_len[L][d] for L in lengths] for d in depths])
@@ -249,5 +250,5 @@ def heatmap(acc: dict, path) -> str:
     ax.set_title(cfg)
     for (i, j), a in np.ndenumerate(grid):
       ax.text(j, i, f"{a:.2f}", ha="center", va="center", fontsize=8)
-  fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8)
+  fig.colorbar(im, ax=axes, shrink=0.8)
   return common.save_figure(fig, path)

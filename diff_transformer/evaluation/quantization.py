@@ -39,8 +39,7 @@ def run(model, val_batches: list[dict], tokenizer, texts: list[str], settings, o
 
 
 def plot(runs: dict[str, dict], path) -> str:
-  plt = common.pyplot()
-  fig, (a, b) = plt.subplots(1, 2, figsize=(8, 3))
+  fig, (a, b) = common.figure(2, size=(8, 3))
   for name, rows in runs.items():
     keys = [k for k in rows if k != "full"]
     xs = [int(k) for k in keys]

@@ -177,8 +177,7 @@ def _overlays(runs: dict[str, dict], out_dir: Path) -> list[str]:
 
 def _by_depth(suite: str, results: dict[str, dict], ylabel: str, path: Path) -> str:
   """Needle accuracy (mean over lengths) or answer/noise shares against depth, one line each."""
-  plt = common.pyplot()
-  fig, ax = plt.subplots(figsize=(5, 3.2))
+  fig, ax = common.figure()
   for name, r in results.items():
     if suite == "needle":
       for cfg, per_len in r["accuracy"].items():

@@ -7,12 +7,22 @@ from __future__ import annotations
 
 from typing import Callable
 
+import jax
+
+from diff_transformer import sharding
+
 from diff_transformer.kernels import reference, xla
 
 
 def _pallas(*args, **kwargs):
+  """Under a mesh the kernel runs per shard (jax.shard_map: batch and heads by the logical
+  rules), since XLA cannot partition a Pallas call; without one it is called directly."""
   from diff_transformer.kernels import pallas  # imported lazily: Pallas pulls in Triton/Mosaic.
-  return pallas.attention(*args, **kwargs)
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh is None or mesh.empty:
+    return pallas.attention(*args, **kwargs)
+  batch_axes, head_axes = sharding.mesh_axes(mesh, "batch"), sharding.mesh_axes(mesh, "act_heads")
+  return pallas.sharded_attention(mesh, batch_axes, head_axes)(*args, **kwargs)
 
 
 KERNELS: dict[str, Callable] = {

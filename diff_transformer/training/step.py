@@ -58,8 +58,9 @@ class Trainer:
     self.graphdef, abs_params, _ = nnx.split(abstract, nnx.Param, ...)
     # The logical names straight from each variable's metadata (nnx.get_partition_spec would
     # already apply whatever rules context the caller is in).
-    logical = jax.tree.map(lambda v: tuple(getattr(v, "out_sharding", None) or ()), abs_params,
-                           is_leaf=lambda x: isinstance(x, nnx.Variable)).to_pure_dict()
+    logical = nnx.to_pure_dict(jax.tree.map(
+        lambda v: tuple(getattr(v, "out_sharding", None) or ()), abs_params,
+        is_leaf=lambda x: isinstance(x, nnx.Variable)))
     self.param_shardings = jax.tree.map(
         lambda names: NamedSharding(mesh, logical_to_spec(names)), logical,
         is_leaf=lambda x: isinstance(x, tuple))
@@ -97,9 +98,9 @@ class Trainer:
   def _init_fn(self, seed: int) -> State:
     model = build_model(self.spec, nnx.Rngs(seed))
     _, params, constants = nnx.split(model, nnx.Param, ...)
-    params = params.to_pure_dict()
+    params = nnx.to_pure_dict(params)
     return dict(step=jnp.zeros((), jnp.int32), params=params,
-                constants=constants.to_pure_dict(), opt_state=self.tx.init(params))
+                constants=nnx.to_pure_dict(constants), opt_state=self.tx.init(params))
 
   @contextlib.contextmanager
   def _context(self):

@@ -42,8 +42,8 @@ def _blocks(length: int, block_q: int, block_k: int, backend: str) -> tuple[int,
     fit = _round_up(length, 8)
   if length <= small:
     return fit, fit, fit
-  if length <= large:
-    padded = _round_up(length, small)
+  if length <= large:  # the larger block shrinks to the padded length (power of two on Triton)
+    padded = fit if backend == "triton" else _round_up(length, small)
     return (min(block_q, padded), min(block_k, padded), padded)
   return block_q, block_k, _round_up(length, large)
 

@@ -1,0 +1,147 @@
+"""Training throughput (tokens/s) and MFU of each variant at equal parameter count.
+
+  JAX_PLATFORMS=cpu python benchmarks/train_throughput.py [--steps 5] [--d_model 256] ...
+
+Every variant has the same d_model, depth, head width d and vocabulary; the Transformer has 2h
+heads of d, DIFF/Shared DIFF h = D / 2d differential heads (same attention parameters), DIFF V2
+h heads with 2h query heads. The SwiGLU width of each non-baseline variant is adjusted so its
+parameter count matches the Transformer's (within one FFN column per layer). Times a jitted
+train step (forward + backward + AdamW) on synthetic packed batches after two warm-up steps;
+MFU uses the same FLOP count and peak table as training (metrics.py). Writes
+benchmarks/results/train_throughput.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from diff_transformer import cli  # noqa: E402
+
+cli.default_platform()
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+from diff_transformer import params as params_lib  # noqa: E402
+from diff_transformer.config import base_config, validate  # noqa: E402
+from diff_transformer.model.spec import ModelSpec  # noqa: E402
+from diff_transformer.training.mesh import global_batch, make_mesh  # noqa: E402
+from diff_transformer.training.metrics import (peak_tflops_per_device,  # noqa: E402
+                                               train_flops_per_token)
+from diff_transformer.training.step import Trainer  # noqa: E402
+
+VARIANTS = ("transformer", "diff", "shared_diff", "diff_v2")
+
+
+def variant_config(variant: str, args, ffn_dim: int):
+  c = base_config()
+  m = c.model
+  D, d = args.d_model, args.head_dim
+  m.variant, m.d_model, m.num_layers, m.head_dim, m.ffn_dim = variant, D, args.layers, d, ffn_dim
+  m.vocab_size, m.max_seq_len = args.vocab, args.seq_len
+  m.num_heads = D // d if variant in ("transformer", "diff_v2") else D // (2 * d)
+  m.rank = args.rank
+  c.data.seq_len = args.seq_len
+  c.train.global_batch_size = args.batch
+  return validate(c)
+
+
+def param_count(config) -> int:
+  return params_lib.count(ModelSpec.from_config(config.model))["params"]
+
+
+def matched_config(variant: str, args, target: int):
+  """The variant with the SwiGLU width that brings its parameter count closest to `target`."""
+  base = variant_config(variant, args, args.ffn_dim)
+  per_column = 3 * args.d_model * args.layers  # gate, up and down of one FFN column
+  ffn = args.ffn_dim + round((target - param_count(base)) / per_column)
+  return variant_config(variant, args, ffn)
+
+
+def synthetic_batch(args, seed: int = 0) -> dict[str, np.ndarray]:
+  rng = np.random.default_rng(seed)
+  B, T = args.batch, args.seq_len
+  tokens = rng.integers(0, args.vocab, (B, T + 1), dtype=np.int32)
+  return dict(inputs=tokens[:, :-1], targets=tokens[:, 1:], segment_ids=np.ones((B, T), np.int32),
+              positions=np.broadcast_to(np.arange(T, dtype=np.int32), (B, T)).copy(),
+              weights=np.ones((B, T), np.float32))
+
+
+def measure(config, args) -> dict:
+  mesh = make_mesh(config.mesh)
+  trainer = Trainer(config, mesh)
+  state = trainer.init()
+  batch = global_batch(mesh, synthetic_batch(args))
+  start = time.perf_counter()
+  for _ in range(2):  # compile + one warm step
+    state, metrics = trainer.train_step(state, batch)
+  jax.block_until_ready(metrics)
+  compile_s = time.perf_counter() - start
+  times = []
+  for _ in range(args.steps):
+    t0 = time.perf_counter()
+    state, metrics = trainer.train_step(state, batch)
+    jax.block_until_ready(metrics)
+    times.append(time.perf_counter() - t0)
+  step_s = float(np.median(times))
+  tokens = args.batch * args.seq_len
+  flops = train_flops_per_token(trainer.spec, args.seq_len) * tokens
+  peak = peak_tflops_per_device(args.peak_tflops) * 1e12 * jax.device_count()
+  return dict(variant=config.model.variant, params=param_count(config),
+              num_heads=config.model.num_heads, ffn_dim=config.model.ffn_dim,
+              step_s=step_s, tokens_per_s=tokens / step_s, tflops_per_s=flops / step_s / 1e12,
+              mfu=flops / step_s / peak, compile_s=compile_s, loss=float(metrics["loss"]))
+
+
+def main() -> None:
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--d_model", type=int, default=256)
+  p.add_argument("--layers", type=int, default=4)
+  p.add_argument("--head_dim", type=int, default=32)
+  p.add_argument("--ffn_dim", type=int, default=704)
+  p.add_argument("--rank", type=int, default=16)
+  p.add_argument("--vocab", type=int, default=8192)
+  p.add_argument("--seq_len", type=int, default=256)
+  p.add_argument("--batch", type=int, default=8)
+  p.add_argument("--steps", type=int, default=5)
+  p.add_argument("--peak_tflops", type=float, default=0.0)
+  p.add_argument("--variants", default=",".join(VARIANTS))
+  p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "train_throughput.json"))
+  args = p.parse_args()
+  target = param_count(variant_config("transformer", args, args.ffn_dim))
+  rows = []
+  for variant in args.variants.split(","):
+    config = matched_config(variant, args, target) if variant != "transformer" else (
+        variant_config(variant, args, args.ffn_dim))
+    rows.append(measure(config, args))
+    print(f"  measured {variant}", flush=True)
+  base = next((r for r in rows if r["variant"] == "transformer"), rows[0])
+  print(f"\n{'variant':<12}{'params':>12}{'heads':>6}{'ffn':>6}{'step ms':>10}{'tokens/s':>11}"
+        f"{'TFLOP/s':>9}{'MFU':>8}{'vs base':>9}")
+  for r in rows:
+    r["relative_tokens_per_s"] = r["tokens_per_s"] / base["tokens_per_s"]
+    print(f"{r['variant']:<12}{r['params']:>12,}{r['num_heads']:>6}{r['ffn_dim']:>6}"
+          f"{1000 * r['step_s']:>10.1f}{r['tokens_per_s']:>11.0f}{r['tflops_per_s']:>9.3f}"
+          f"{100 * r['mfu']:>7.1f}%{100 * (r['relative_tokens_per_s'] - 1):>+8.1f}%")
+  device = jax.devices()[0]
+  out = dict(device=f"{device.platform}:{device.device_kind}", devices=jax.device_count(),
+             host=platform.node(), cpu_count=os.cpu_count(), args=vars(args),
+             peak_tflops_per_device=peak_tflops_per_device(args.peak_tflops),
+             note="median step time after 2 warm-up steps; the host may be shared, so absolute "
+                  "numbers vary run to run; compare variants within one run",
+             results=rows)
+  Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+  Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+  print(f"\nwrote {args.out}")
+
+
+if __name__ == "__main__":
+  main()

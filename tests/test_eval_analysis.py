@@ -1,0 +1,126 @@
+"""Attention shares on a hand-built map, logit quantisation, outlier statistics, ICL pieces."""
+import numpy as np
+import pytest
+from flax import nnx
+
+from diff_transformer.data import ByteTokenizer
+from diff_transformer.evaluation import attention, common, icl, loss, needle, outliers
+from diff_transformer.model import build_model
+from diff_transformer.model.spec import ModelSpec
+
+
+def hand_built_sample():
+  """10 tokens: haystack 0-7 with the answer needle at 2-3 and a distractor at 6, query 8-9."""
+  needles = [needle.Needle("Oslo", "1234567", 2, 4, True, True),
+             needle.Needle("Lima", "7654321", 6, 7, False, False)]
+  return needle.Sample(context=list(range(8)), needles=needles,
+                       queries=[("Oslo", "1234567", list(range(10)))], depth=0.25, length=12,
+                       answer_tokens=2)
+
+
+def test_attention_shares_of_a_hand_built_softmax_map():
+  # Two heads, padded to width 12 (right padding of a batch is never attended to).
+  row = np.array([0.05, 0.05, 0.3, 0.3, 0.05, 0.05, 0.1, 0.0, 0.04, 0.06, 0.0, 0.0])
+  masks = attention.span_masks(hand_built_sample(), prompt_len=10, width=12)
+  got = attention.shares(np.stack([row, row]), masks)
+  assert got == pytest.approx(dict(answer=0.6, noise=0.2, other_needles=0.1, query=0.1))
+
+
+def test_attention_shares_of_a_hand_built_differential_map():
+  """A1 - lambda A2 through query_rows, with the signed / sum|M| normalisation."""
+  T = 10
+  a1 = np.zeros((1, 1, 2, T, T))  # [L, B, H, T, S]
+  a2 = np.zeros_like(a1)
+  noise = [0, 1, 4, 5, 7]
+  a1[..., 9, :] = [0.06, 0.06, 0.3, 0.3, 0.06, 0.06, 0.0, 0.06, 0.05, 0.05]
+  a2[..., 9, noise] = 0.1
+  a2[..., 9, [2, 3]] = 0.25
+  lam = np.full((1, 1, T, 2), 0.5)  # [L, B, T, H]
+  rows = attention.query_rows(dict(A1=a1, A2=a2, **{"lambda": lam}), np.array([9]))
+  assert rows.shape == (1, 1, 2, T)
+  # M: answer 2 x (0.3 - 0.125) = 0.35, noise 5 x (0.06 - 0.05) = 0.05, query 0.1; sum|M| 0.5
+  got = attention.shares(rows[0, 0], attention.span_masks(hand_built_sample(), 10, T))
+  assert got == pytest.approx(dict(answer=0.7, noise=0.1, other_needles=0.0, query=0.2))
+
+
+@pytest.fixture(scope="module")
+def sharp_model():
+  """A random model with large weights, so attention logits are O(1) and quantisation bites."""
+  spec = ModelSpec(variant="diff", vocab_size=257, d_model=64, num_layers=2, num_heads=2,
+                   head_dim=16, ffn_dim=128, max_seq_len=64, init_std=0.3)
+  return build_model(spec, nnx.Rngs(3))
+
+
+@pytest.fixture(scope="module")
+def batch():
+  rng = np.random.default_rng(0)
+  tokens = rng.integers(0, 97, (4, 65)).astype(np.int32)
+  seg = np.ones((4, 64), np.int32)
+  seg[:, 40:] = 2  # two packed documents per row
+  pos = np.concatenate([np.arange(40), np.arange(24)])[None].repeat(4, 0).astype(np.int32)
+  return dict(inputs=tokens[:, :-1], targets=tokens[:, 1:], segment_ids=seg, positions=pos,
+              weights=np.ones((4, 64), np.float32))
+
+
+def test_logit_quantisation_16_bits_keeps_loss_4_bits_changes_it(sharp_model, batch):
+  losses = {b: loss.evaluate(common.Fns(common.with_logit_bits(sharp_model, b)), [batch])
+            ["all"]["loss"] for b in (None, 16, 4)}
+  plain = loss.evaluate(common.Fns(sharp_model), [batch])["all"]["loss"]
+  assert abs(losses[None] - plain) < 1e-5  # the reference path is the model
+  assert abs(losses[16] - losses[None]) < 1e-4
+  assert abs(losses[4] - losses[None]) > 1e-3
+  assert all(m.logit_bits is None for _, m in nnx.iter_modules(sharp_model)
+             if hasattr(m, "logit_bits"))  # the original is untouched
+
+
+def test_quantize_logits_grid():
+  from diff_transformer.kernels.reference import quantize_logits
+  x = np.array([[[[1.0, -0.5, 0.26, 3.0]]]], np.float32)  # [B, N, T, S]
+  mask = np.array([[[True, True, True, False]]])  # the masked 3.0 must not set the scale
+  q = np.asarray(quantize_logits(x, mask, 3))  # 3 levels each side: step 1/3
+  np.testing.assert_allclose(q[..., :3], [[[[1.0, -2 / 3, 1 / 3]]]], atol=1e-6)
+
+
+def test_outlier_stats_are_kth_largest_and_median():
+  values = np.concatenate([-np.arange(1, 201, dtype=float), [0.5]])
+  s = outliers.stats(values)
+  assert (s["top1"], s["top2"], s["top3"], s["top10"], s["top100"]) == (200, 199, 198, 191, 101)
+  assert s["median"] == 100
+
+
+def test_outliers_suite_on_a_packed_batch(sharp_model, batch):
+  r = outliers.analyse(common.Fns(sharp_model), batch)
+  assert set(r["per_layer"]) == {"layer_0", "layer_1", "final"}
+  assert r["overall"]["attention_logits"]["top1"] == max(
+      r["per_layer"][f"layer_{l}"]["attention_logits"]["top1"] for l in range(2))
+  assert r["tokens"] == 4 * 64
+
+
+def test_ar_hits():
+  x = np.array([[5, 6, 5, 6, 5, 7, 5, 6]])
+  y = np.array([[6, 5, 6, 5, 7, 5, 6, 9]])
+  seg = np.array([[1, 1, 1, 1, 1, 1, 2, 2]])
+  # (5,6) seen at 0 -> hit at 2; (6,5) seen at 1 -> hit at 3; (5,7) new; (7,5) new;
+  # position 6 starts a new segment, so (5,6) there is not a hit.
+  assert loss.ar_hits(x, y, seg).tolist() == [[0, 0, 1, 1, 0, 0, 0, 0]]
+
+
+def test_icl_alternating_order_and_constrained_scoring(sharp_model):
+  pool = [icl.Example(f"t{i}", l) for i, l in enumerate("aaabbbccc")]
+  order = icl.order_demos(pool, ["a", "b", "c"], "alternating", np.random.default_rng(0))
+  labels = [e.label for e in order]
+  assert sorted(labels) == sorted("aaabbbccc") and labels[:3] == labels[3:6] == labels[6:]
+  task = icl.Task(ByteTokenizer(), pool)
+  fns = common.Fns(sharp_model)
+  prompts = [task.query(pool[0]), task.query(pool[4])]
+  scores = icl.decoding.score_candidates(fns, prompts, task.candidates)
+  for p, row in zip(prompts, scores):  # each candidate's log-probability, computed directly
+    for cand, got in zip(task.candidates, row):
+      lp = np.log(_softmax(np.asarray(fns.logits(np.asarray([p + cand])))[0]))
+      want = sum(lp[len(p) - 1 + i, t] for i, t in enumerate(cand))
+      assert got == pytest.approx(want, abs=1e-4)
+
+
+def _softmax(x):
+  e = np.exp(x - x.max(-1, keepdims=True))
+  return e / e.sum(-1, keepdims=True)

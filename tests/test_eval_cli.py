@@ -1,0 +1,121 @@
+"""eval.py end to end on a tiny run trained on 8 fake devices: the same `loss` result on the
+training mesh and on other meshes, every suite in --quick mode, --compare, and bad inputs."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=8",
+           PYTHONPATH=str(ROOT))
+TINY = ["--config.model.vocab_size=264", "--config.model.d_model=64",
+        "--config.model.num_layers=2", "--config.model.num_heads=2", "--config.model.head_dim=16",
+        "--config.model.ffn_dim=128", "--config.model.max_seq_len=128",
+        "--config.data.seq_len=128", "--config.data.tokenizer=byte",
+        "--config.train.global_batch_size=8", "--config.train.steps=3",
+        "--config.train.warmup_steps=1", "--config.train.checkpoint_every=3",
+        "--config.train.eval_every=3", "--config.train.eval_batches=1"]
+
+
+def run(*args, check=True):
+  proc = subprocess.run([sys.executable, *args], cwd=ROOT, env=ENV, capture_output=True,
+                        text=True, timeout=600)
+  if check and proc.returncode != 0:
+    raise AssertionError(f"{args[0]} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+  return proc
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+  """A tiny DIFF model trained 3 steps on a (data 4, fsdp 2) mesh, on the repo's own text."""
+  tmp = tmp_path_factory.mktemp("eval_run")
+  from diff_transformer.data import prepare_files
+  texts = tmp / "texts"
+  texts.mkdir()
+  for i, source in enumerate(sorted(ROOT.glob("diff_transformer/**/*.py"))):
+    (texts / f"{i:03d}_{source.stem}.txt").write_text(source.read_text("utf-8"))
+  prepare_files([texts], tmp / "data", tokenizer="byte", val_fraction=0.1, progress=False)
+  workdir = tmp / "run"
+  run("train.py", "--config=configs/default.py", f"--workdir={workdir}",
+      "--config.data.name=prepared", f"--config.data.path={tmp / 'data'}",
+      "--config.mesh.data=4", "--config.mesh.fsdp=2", "--config.mesh.tensor=1", *TINY)
+  (tmp / "icl.jsonl").write_text("".join(
+      json.dumps(dict(text=f"{w} {w} {w}", label=l)) + "\n"
+      for w, l in [("sun", "warm"), ("ice", "cold"), ("fire", "warm"), ("snow", "cold")] * 6))
+  return workdir
+
+
+def eval_loss(workdir, *mesh_flag) -> float:
+  run("eval.py", f"--workdir={workdir}", "--suites=loss", "--val_batches=4", *mesh_flag)
+  return json.loads((workdir / "eval" / "loss.json").read_text())["loss"]
+
+
+def test_loss_is_the_same_on_any_mesh(trained):
+  on_training_mesh = eval_loss(trained, "--mesh=4,2,1")
+  on_tensor_mesh = eval_loss(trained, "--mesh=2,1,4")
+  on_one_device = eval_loss(trained)
+  assert on_tensor_mesh == pytest.approx(on_training_mesh, abs=1e-5)
+  assert on_one_device == pytest.approx(on_training_mesh, abs=1e-5)
+
+
+def test_every_suite_quick_then_compare(trained, tmp_path):
+  run("eval.py", f"--workdir={trained}", "--suites=all", "--quick", "--needle_configs=1x1",
+      "--needle_lengths=128", f"--icl_data={trained.parent / 'icl.jsonl'}",
+      "--max_new_tokens=8")
+  out = trained / "eval"
+  for suite in ("loss", "long_context", "needle", "attention", "outliers", "quantization", "icl",
+                "generate"):
+    result = json.loads((out / f"{suite}.json").read_text())
+    assert result["suite"] == suite and result["variant"] == "diff"
+  report = (out / "report.md").read_text()
+  assert "## needle" in report and "A1 - lambda A2" in report
+  for plot in ("needle.png", "long_context.png", "quantization.png", "icl.png", "attention.png"):
+    assert (out / plot).stat().st_size > 0
+  gen = json.loads((out / "generate.json").read_text())
+  assert all(s["greedy_matches_full_forward"] for s in gen["samples"])
+  assert gen["kv_cache"]["key_heads"] == 2 * 2 and gen["kv_cache"]["value_width"] == 2 * 16
+  # --compare: the same run twice under two names.
+  other = tmp_path / "copy"
+  shutil.copytree(trained, other)
+  run("eval.py", "--compare", str(trained), str(other), f"--compare_dir={tmp_path / 'cmp'}")
+  table = (tmp_path / "cmp" / "compare.md").read_text()
+  assert "run (diff)" in table and "copy (diff)" in table and "val loss" in table
+  assert (tmp_path / "cmp" / "long_context.png").is_file()
+
+
+def one_error_line(proc) -> str:
+  assert proc.returncode != 0
+  assert "Traceback" not in proc.stderr
+  last = proc.stderr.strip().splitlines()[-1]
+  assert last.startswith("error: ")
+  return last
+
+
+def test_workdir_without_checkpoints(trained, tmp_path):
+  empty = tmp_path / "empty"
+  empty.mkdir()
+  for name in ("config.json", "tokenizer_record.json"):
+    shutil.copy(trained / name, empty / name)
+  line = one_error_line(run("eval.py", f"--workdir={empty}", "--suites=loss", check=False))
+  assert "no checkpoint" in line
+  line = one_error_line(run("eval.py", f"--workdir={tmp_path / 'nothing'}", check=False))
+  assert "not a training workdir" in line
+
+
+def test_unknown_suite(trained):
+  line = one_error_line(run("eval.py", f"--workdir={trained}", "--suites=loss,nedle",
+                            check=False))
+  assert "unknown suite 'nedle'" in line
+
+
+def test_context_beyond_the_model(trained):
+  line = one_error_line(run("eval.py", f"--workdir={trained}", "--suites=long_context",
+                            "--context_len=4096", check=False))
+  assert "context length 4096 exceeds the model's max_seq_len 128" in line
+  line = one_error_line(run("eval.py", f"--workdir={trained}", "--suites=needle",
+                            "--needle_lengths=512", check=False))
+  assert "context length 512 exceeds the model's max_seq_len 128" in line

@@ -1,0 +1,85 @@
+"""Small, fast pieces of training: schedule, decay masks, mesh resolution and checks, FLOPs."""
+from __future__ import annotations
+
+import math
+
+import ml_collections
+import numpy as np
+import pytest
+
+from diff_transformer.config import base_config
+
+
+def test_schedule_warmup_then_linear_decay_to_floor():
+  from diff_transformer.training.optim import learning_rate_schedule
+  t = base_config().train
+  t.update(dict(lr=3.2e-4, final_lr=1.28e-5, warmup_steps=1000, steps=40000))
+  lr = learning_rate_schedule(t)
+  assert float(lr(0)) == pytest.approx(3.2e-4 / 1000, rel=1e-5)
+  assert float(lr(499)) == pytest.approx(3.2e-4 / 2, rel=1e-5)
+  assert float(lr(999)) == pytest.approx(3.2e-4, rel=1e-5)
+  assert float(lr(1000 + 19500)) == pytest.approx((3.2e-4 + 1.28e-5) / 2, rel=1e-5)
+  assert float(lr(40000)) == pytest.approx(1.28e-5, rel=1e-5)
+  assert float(lr(50000)) == pytest.approx(1.28e-5, rel=1e-5)  # an extended run stays at the floor
+
+
+@pytest.mark.parametrize("variant", ["diff", "diff_v2"])
+def test_decay_mask_follows_config(variant):
+  from test_training_sharding import tiny_config
+  from diff_transformer.training.optim import decay_mask, param_kind
+  from flax import nnx
+  from diff_transformer.model import build_model
+  from diff_transformer.model.spec import ModelSpec
+  import jax
+  c = tiny_config(variant)
+  abstract = nnx.eval_shape(lambda: build_model(ModelSpec.from_config(c.model), nnx.Rngs(0)))
+  params = nnx.to_pure_dict(nnx.state(abstract, nnx.Param))
+  kinds = {jax.tree_util.keystr(p): param_kind(p)
+           for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]}
+  assert kinds["['embed']['embedding']"] == "embedding"
+  assert kinds["['final_norm']['scale']"] == "norm"
+  assert kinds["['blocks']['attn_norm']['scale']"] == "norm"
+  assert kinds["['blocks']['mlp']['up']['kernel']"] == "weight"
+  assert kinds["['lm_head']['kernel']"] == "weight"
+  if variant == "diff":
+    assert kinds["['blocks']['attn']['lambda_q1']"] == "lambda"
+    assert kinds["['blocks']['attn']['subln_scale']"] == "norm"
+  else:
+    assert kinds["['blocks']['attn']['wlambda']['kernel']"] == "lambda"
+  t = c.train
+  t.decay_norms, t.decay_lambda, t.decay_embeddings = False, True, False
+  mask = {jax.tree_util.keystr(p): m for p, m in
+          jax.tree_util.tree_flatten_with_path(decay_mask(params, t))[0]}
+  for name, kind in kinds.items():
+    assert mask[name] == {"norm": False, "lambda": True, "embedding": False, "weight": True}[kind]
+
+
+def test_mesh_shape_resolution_and_errors():
+  from diff_transformer.training.mesh import TrainError, mesh_shape
+  m = ml_collections.ConfigDict(dict(data=-1, fsdp=2, tensor=2))
+  assert mesh_shape(m, 8) == (2, 2, 2)
+  with pytest.raises(TrainError, match="does not divide the 6 devices"):
+    mesh_shape(ml_collections.ConfigDict(dict(data=-1, fsdp=4, tensor=1)), 6)
+  with pytest.raises(TrainError, match="at most one axis may be -1"):
+    mesh_shape(ml_collections.ConfigDict(dict(data=-1, fsdp=-1, tensor=1)), 8)
+  with pytest.raises(TrainError, match="= 4 but 8 devices"):
+    mesh_shape(ml_collections.ConfigDict(dict(data=2, fsdp=2, tensor=1)), 8)
+
+
+def test_flops_count_causal_attention_maxtext_way():
+  from diff_transformer.model.spec import ModelSpec
+  from diff_transformer.training.metrics import (attention_flops_per_token, matmul_params,
+                                                 train_flops_per_token)
+  spec = ModelSpec(variant="transformer", vocab_size=100, d_model=64, num_layers=2,
+                   num_heads=4, head_dim=16, ffn_dim=128, max_seq_len=128)
+  per_layer_weights = 4 * 64 * 64 + 3 * 64 * 128
+  assert matmul_params(spec) == 2 * per_layer_weights + 64 * 100  # LM head, not the lookup
+  # QK^T and AV: 2 * 2 * T * heads * head_dim per token, halved for causal masking.
+  assert attention_flops_per_token(spec, 128) == 2 * 0.5 * (4 * 128 * 4 * 16)
+  assert train_flops_per_token(spec, 128) == 6 * matmul_params(spec) + 3 * 2 * 0.5 * (
+      4 * 128 * 4 * 16)
+  diff = ModelSpec(variant="diff", vocab_size=100, d_model=64, num_layers=2, num_heads=2,
+                   head_dim=16, ffn_dim=128, max_seq_len=128)
+  # Two maps per head: QK^T over d, AV over 2d.
+  assert attention_flops_per_token(diff, 128) == 2 * 0.5 * (
+      2 * 2 * 128 * 2 * 16 + 2 * 2 * 128 * 2 * 32)
