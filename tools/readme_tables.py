@@ -32,7 +32,79 @@ def preset_table() -> str:
   return "\n".join(rows)
 
 
-BLOCKS = {"presets": preset_table}
+RESULTS = os.path.join(os.path.dirname(README), "benchmarks", "results")
+
+
+def _load(name: str):
+  import json
+  path = os.path.join(RESULTS, name)
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
+
+
+def kernel_tables() -> str:
+  d = _load("attention_kernels.json")
+  if d is None:
+    return "(not measured yet: python benchmarks/attention_kernels.py)"
+  rows = [f"CPU ({d['cpu_shape']}; pallas = interpret mode), forward ms / compiled temp MiB:", "",
+          "| variant | T | reference | xla | pallas |", "|---|---|---|---|---|"]
+  cells = {}
+  for r in d["cpu"]:
+    if "fwd_ms" in r:
+      cells[(r["variant"], r["T"], r["path"])] = f"{r['fwd_ms']:.0f} / {r['fwd_temp_mib']:.0f}"
+  for variant, T in sorted({(v, t) for v, t, _ in cells}, key=lambda x: (x[0], x[1])):
+    rows.append(f"| {variant} | {T} | " + " | ".join(cells.get((variant, T, p), "skipped")
+                                                    for p in ("reference", "xla", "pallas")) + " |")
+  rows += ["", "TPU v5e, compiled ahead of time with libtpu (not run), temp MiB forward / "
+           "forward+backward:", "", "| variant | T | xla | pallas |", "|---|---|---|---|"]
+  tpu = {}
+  for r in d["tpu_aot"]:
+    val = (f"{r['fwd_temp_mib']:.0f} / {r['fwd_bwd_temp_mib']:.0f}" if "fwd_temp_mib" in r
+           else "out of memory")
+    tpu[(r["variant"], r["T"], r["path"])] = val
+  for variant, T in sorted({(v, t) for v, t, _ in tpu}):
+    rows.append(f"| {variant} | {T} | {tpu.get((variant, T, 'xla'), '-')} | "
+                f"{tpu.get((variant, T, 'pallas'), '-')} |")
+  return "\n".join(rows)
+
+
+def aot_table() -> str:
+  rows = _load("aot_v5p_2x2x1.json")
+  if rows is None:
+    return "(not compiled yet: see docs/sweeps.md)"
+  out = ["| preset | mesh (data, fsdp, tensor) | batch/chip x T | arguments GiB | temporaries GiB "
+         "| total GiB / HBM | status |", "|---|---|---|---|---|---|---|"]
+  for r in rows:
+    m = r["mesh"]
+    status = ("fits" if r["fits"] else f"OOM (largest batch/chip that fits: "
+              f"{r.get('largest_fitting_per_device_batch', '?')})") if r["compiled"] else r["error"][:60]
+    out.append(f"| `{r['preset']}` | {m['data']}, {m['fsdp']}, {m['tensor']} | "
+               f"{r['per_device_batch']} x {r['seq_len']} | {r['argument_gib']:.2f} | "
+               f"{r['temp_gib']:.2f} | {r['total_gib']:.2f} / {r['hbm_gib']:.0f} | {status} |")
+  return "\n".join(out)
+
+
+def throughput_table() -> str:
+  d = _load("throughput.json")
+  if d is None:
+    return "(not measured yet: python benchmarks/throughput.py)"
+  meta = d["meta"]
+  out = [f"{meta['device']} x{meta['devices']}, {meta['size']} models, batch {meta['batch']}, "
+         f"{meta['dtype']}, kernel {meta['kernel']}:", "",
+         "| variant | T | params | forward tok/s | vs Transformer | fwd+bwd tok/s | vs Transformer "
+         "| MFU (fwd+bwd) |", "|---|---|---|---|---|---|---|---|"]
+  for r in d["rows"]:
+    out.append(f"| {r['variant']} | {r['seq_len']} | {r['params'] / 1e6:.2f}M | "
+               f"{r['forward_tokens_per_s']:.0f} | {100 * r['forward_vs_transformer']:+.1f}% | "
+               f"{r['train_tokens_per_s']:.0f} | {100 * r['train_vs_transformer']:+.1f}% | "
+               f"{100 * r['train_mfu']:.1f}% |")
+  return "\n".join(out)
+
+
+BLOCKS = {"presets": preset_table, "kernels": kernel_tables, "aot": aot_table,
+          "throughput": throughput_table}
 
 
 def render(text: str) -> str:
