@@ -54,6 +54,9 @@ def main(argv):
     initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
     summary = train(config, FLAGS.workdir)
   except (TrainError, DataError) as e:
+    # Nothing more to say than the one line: silence leftovers (e.g. orbax read coroutines of a
+    # damaged checkpoint) that Python would print as 'Exception ignored' tracebacks at exit.
+    sys.unraisablehook = lambda unraisable: None
     sys.exit(f"error: {e}")
   if summary.get("stopped_by"):
     print(f"Stopped by {summary['stopped_by']} at step {summary['step']}; run the same command "

@@ -1,6 +1,5 @@
 """KV-cache decoding equals full-sequence recomputation; cache sizes follow SPEC section 5."""
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
@@ -90,3 +89,13 @@ def test_diff_v2_cache_equals_baseline_cache():
 def test_decode_beyond_max_seq_len_is_one_clear_error(fns):
   with pytest.raises(common.EvalError, match="exceeds the model's max_seq_len 48"):
     decoding.generate(fns, [[1] * 40], 10)
+
+
+def test_top_k_sampling_with_the_cache_draws_from_the_top_k(fns):
+  prompts = [[3, 1, 4, 1, 5], [2, 7, 1, 8, 2, 8, 1, 8]]
+  a = decoding.generate(fns, prompts, 6, temperature=1.0, top_k=3, seed=5)
+  assert a == decoding.generate(fns, prompts, 6, temperature=1.0, top_k=3, seed=5)
+  full, _ = common.pad_rows([p + g[:-1] for p, g in zip(prompts, a)])
+  top3 = np.argsort(np.asarray(fns.logits(full)), axis=-1)[..., -3:]
+  for i, (p, g) in enumerate(zip(prompts, a)):
+    assert all(tok in top3[i, len(p) - 1 + t] for t, tok in enumerate(g))

@@ -22,7 +22,7 @@ class EvalError(ValueError):
 
 @dataclasses.dataclass
 class Settings:
-  """Suite sizes. `quick()` finishes every suite on CPU in a couple of minutes for the default run."""
+  """Suite sizes; `for_mode(quick=True)` runs every suite in a couple of CPU minutes (default run)."""
   quick: bool = False
   seed: int = 0
   batch_size: int = 8  # rows per forward pass (loss, outliers, needle and ICL prompts)

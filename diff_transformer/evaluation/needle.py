@@ -60,10 +60,15 @@ class Sample:
   answer_tokens: int  # max new tokens to decode
 
   @property
+  def haystack_tokens(self) -> int:
+    return len(self.context) - sum(n.end - n.start for n in self.needles)
+
+  @property
   def answer_depth(self) -> float:
-    """Measured depth: where the answer needle starts, as a fraction of the context."""
+    """Measured depth: the share of the haystack that comes before the answer needle."""
     a = next(n for n in self.needles if n.answer)
-    return a.start / max(1, len(self.context) - (a.end - a.start))
+    before = a.start - sum(n.end - n.start for n in self.needles if n.start < a.start)
+    return before / max(1, self.haystack_tokens)
 
 
 def correct(generated: str, number: str) -> bool:

@@ -8,7 +8,6 @@ residual stream before the last RMSNorm, at non-padding tokens.
 """
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 

@@ -13,8 +13,10 @@ can never be trained from silently.
 """
 from __future__ import annotations
 
+import gc
 import json
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -35,7 +37,19 @@ TOKENIZER_COPY = "tokenizer.json"
 
 def _one_line(e: BaseException) -> str:
   lines = [l.strip() for l in str(e).strip().splitlines() if l.strip()]
-  return f"{type(e).__name__}: {lines[0][:300]}" if lines else type(e).__name__
+  first = lines[0].split(" See full TensorStore details")[0][:200] if lines else ""
+  return f"{type(e).__name__}: {first}" if first else type(e).__name__
+
+
+def _collect_quietly() -> None:
+  """A failed orbax read leaves coroutines whose errors Python would print as 'Exception
+  ignored' tracebacks when collected; the failure is already reported in one line."""
+  old = sys.unraisablehook
+  sys.unraisablehook = lambda unraisable: None
+  try:
+    gc.collect()
+  finally:
+    sys.unraisablehook = old
 
 
 # ---- the run record ------------------------------------------------------------------------
@@ -196,9 +210,17 @@ class Checkpointer:
       try:
         state = self._restore_step(s, abstract, iterator, model_only)
       except Exception as e:  # orbax/tensorstore raise many types for damaged files
+        if isinstance(e, ValueError) and "tree structures do not match" in str(e):
+          # Not damage: this config builds a state of another layout (e.g. another optimizer).
+          raise TrainError(f"checkpoint step {s} in {self.directory} holds a state of another "
+                           f"structure than this config builds ({_one_line(e)}); resume with "
+                           "the recorded config.json or use another --workdir") from None
         failed.append((s, _one_line(e)))
         print(f"warning: checkpoint step {s} in {self.directory} is unreadable "
               f"({failed[-1][1]})", flush=True)
+        state = None
+      if state is None:
+        _collect_quietly()
         continue
       if failed and not self.options.read_only:
         self._quarantine([f for f, _ in failed])

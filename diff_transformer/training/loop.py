@@ -118,13 +118,18 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
   stop = StopSignal()
   summary: dict = dict(step=start, stopped_by=None)
   pending = None  # (step, metrics) whose finiteness is checked one step late (keeps dispatch async)
-  window_time, window_steps, rate = None, 0, dict(tokens_per_s=float("nan"), mfu=float("nan"))
+  window_time, window_steps = None, 0  # training time since the last log (no eval, no saves)
+  rate = dict(tokens_per_s=float("nan"), mfu=float("nan"))
   step = start
+  if start >= t.steps:
+    logger.print(f"Checkpoint step {start} already reaches train.steps = {t.steps}; raise "
+                 "--config.train.steps to train on")
   try:
     while step < t.steps:
       batch = global_batch(mesh, next(iterator))
       state, metrics = trainer.train_step(state, batch)
       step += 1
+      window_steps += 1
       if pending is not None:
         _check_finite(pending[0], jax.device_get(pending[1]), checkpointer)
       pending = (step, metrics)
@@ -133,11 +138,10 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
         values = jax.device_get(metrics)
         _check_finite(step, values, checkpointer)
         now = time.perf_counter()
-        if window_time is not None and window_steps:  # the first step (compile) is not timed
+        if window_time is not None:  # the first step (compilation) is not timed
           seconds = (now - window_time) / window_steps
           rate = dict(tokens_per_s=tokens_per_step / seconds,
                       mfu=flops_per_step / seconds / peak_flops)
-        window_time, window_steps = now, 0
         lam_L = values.pop("lambda", None)
         if lam_L is not None:
           values |= expand_layers("lambda", lam_L)
@@ -148,14 +152,13 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
         logger.write(step, values)
         logger.progress(step, values)
         summary.update(step=step, loss=float(values["loss"]), **rate)
-      window_steps += 1
+        window_time, window_steps = time.perf_counter(), 0
       if step % t.eval_every == 0 or last:
         val = evaluate(trainer, state, dataset, config, mesh)
         logger.write(step, val, kind="val")
         logger.progress(step, val)
         summary.update(val)
-        window_time = time.perf_counter()  # keep evaluation out of the training rate
-        window_steps = 0
+        window_time, window_steps = time.perf_counter(), 0  # keep evaluation out of the rate
       stopping = stop.agreed()
       if stopping or last or step % t.checkpoint_every == 0:
         _check_finite(step, jax.device_get(metrics), checkpointer)  # never save a NaN state

@@ -60,10 +60,13 @@ def decay_mask(params: Any, t: ml_collections.ConfigDict) -> Any:
 
 
 def make_optimizer(t: ml_collections.ConfigDict) -> optax.GradientTransformation:
-  """Clip by global norm (0 disables), then AdamW on the schedule with the config's mask."""
+  """Clip by global norm (0 disables), then AdamW on the schedule with the config's mask.
+
+  The chain keeps the same state structure either way, so a run resumed with another
+  grad_clip still restores its optimizer state.
+  """
   adamw = optax.adamw(learning_rate_schedule(t), b1=float(t.b1), b2=float(t.b2),
                       eps=float(t.eps), weight_decay=float(t.weight_decay),
                       mask=lambda params: decay_mask(params, t))
-  if t.grad_clip > 0:
-    return optax.chain(optax.clip_by_global_norm(float(t.grad_clip)), adamw)
-  return adamw
+  clip = optax.clip_by_global_norm(float(t.grad_clip)) if t.grad_clip > 0 else optax.identity()
+  return optax.chain(clip, adamw)

@@ -169,7 +169,7 @@ class Trainer:
     params = state["params"]
     grads, nll_sum, z_sum, total_weight = self._grads_fn(params, state["constants"], batch)
     updates, opt_state = self.tx.update(grads, state["opt_state"], params)
-    metrics = dict(loss=nll_sum / total_weight, grad_norm=optax.global_norm(grads),
+    metrics = dict(loss=nll_sum / total_weight, grad_norm=optax.tree.norm(grads),
                    lr=self.schedule(state["step"]), tokens=total_weight)
     if self.z_loss:
       metrics["z_loss"] = z_sum / total_weight
