@@ -109,8 +109,8 @@ BLOCKS = {"presets": preset_table, "kernels": kernel_tables, "aot": aot_table,
 
 def render(text: str) -> str:
   for name, make in BLOCKS.items():
-    pattern = re.compile(rf"(<!-- {name}:begin -->\n).*?(\n<!-- {name}:end -->)", re.S)
-    text = pattern.sub(lambda m: m.group(1) + make() + m.group(2), text)
+    pattern = re.compile(rf"(<!-- {name}:begin -->\n).*?(<!-- {name}:end -->)", re.S)
+    text = pattern.sub(lambda m: m.group(1) + make() + "\n" + m.group(2), text)
   return text
 
 
