@@ -1,10 +1,7 @@
 """Small, fast pieces of training: schedule, decay masks, mesh resolution and checks, FLOPs."""
 from __future__ import annotations
 
-import math
-
 import ml_collections
-import numpy as np
 import pytest
 
 from diff_transformer.config import base_config

@@ -13,8 +13,11 @@ can never be trained from silently.
 """
 from __future__ import annotations
 
+import contextlib
 import gc
+import io
 import json
+import logging
 import shutil
 import sys
 import time
@@ -41,15 +44,27 @@ def _one_line(e: BaseException) -> str:
   return f"{type(e).__name__}: {first}" if first else type(e).__name__
 
 
-def _collect_quietly() -> None:
-  """A failed orbax read leaves coroutines whose errors Python would print as 'Exception
-  ignored' tracebacks when collected; the failure is already reported in one line."""
-  old = sys.unraisablehook
+@contextlib.contextmanager
+def _quiet_failed_reads():
+  """A failed orbax read leaves tensorstore reads in flight whose callbacks hit a closed event
+  loop and print tracebacks from background threads (and coroutines Python would report as
+  'Exception ignored'). The failure is already reported in one line, so while restoring (and
+  briefly after a failure, for stragglers) that stderr noise is captured and dropped."""
+  old_hook = sys.unraisablehook
   sys.unraisablehook = lambda unraisable: None
   try:
-    gc.collect()
+    with contextlib.redirect_stderr(io.StringIO()):
+      yield
   finally:
-    sys.unraisablehook = old
+    sys.unraisablehook = old_hook
+
+
+def _settle_failed_reads() -> None:
+  time.sleep(1.0)  # the sibling reads of a failed restore finish within milliseconds locally
+  gc.collect()
+  # Their orphaned asyncio tasks are otherwise logged as 'Task exception was never retrieved'
+  # with a traceback whenever they are collected, possibly at exit.
+  logging.getLogger("asyncio").setLevel(logging.CRITICAL)
 
 
 # ---- the run record ------------------------------------------------------------------------
@@ -208,7 +223,12 @@ class Checkpointer:
     failed: list[tuple[int, str]] = []
     for s in steps:
       try:
-        state = self._restore_step(s, abstract, iterator, model_only)
+        with _quiet_failed_reads():
+          try:
+            state = self._restore_step(s, abstract, iterator, model_only)
+          except Exception:
+            _settle_failed_reads()
+            raise
       except Exception as e:  # orbax/tensorstore raise many types for damaged files
         if isinstance(e, ValueError) and "tree structures do not match" in str(e):
           # Not damage: this config builds a state of another layout (e.g. another optimizer).
@@ -218,9 +238,6 @@ class Checkpointer:
         failed.append((s, _one_line(e)))
         print(f"warning: checkpoint step {s} in {self.directory} is unreadable "
               f"({failed[-1][1]})", flush=True)
-        state = None
-      if state is None:
-        _collect_quietly()
         continue
       if failed and not self.options.read_only:
         self._quarantine([f for f, _ in failed])
