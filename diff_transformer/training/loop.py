@@ -5,6 +5,7 @@ and exits on SIGTERM/SIGINT, and stops on a non-finite loss without saving it.
 """
 from __future__ import annotations
 
+import json
 import math
 import signal
 import time
@@ -182,4 +183,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
             f"{summary['val_perplexity']:.1f}) vs unigram baseline "
             f"{summary['unigram_entropy']:.4f} nats/token; checkpoint step {step} in "
             f"{checkpointer.directory}", flush=True)
+      # The record that a run reached its last step (sweeps skip such runs on a rerun).
+      with open(Path(workdir) / "summary.json", "w") as f:
+        json.dump(summary, f, indent=1)
   return summary
