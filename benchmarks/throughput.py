@@ -1,111 +1,166 @@
-"""The papers' Table 7: tokens/s of forward and forward+backward for each variant against the
-parameter-matched Transformer, at two sequence lengths, plus MFU. Prints a table, writes JSON.
+"""Throughput (the papers' Table 7): tokens/s of the forward pass and of the train step, and MFU,
+of each variant against the parameter-matched Transformer, at one or more sequence lengths.
 
-    python benchmarks/throughput.py                                  # CPU: default-size models, T=512/1024
-    python benchmarks/throughput.py --size=3b --seq_lens=2048,4096 --batch=1 --dtype=bfloat16  # accelerator
+  JAX_PLATFORMS=cpu python benchmarks/throughput.py [--seq_lens 256,512] [--steps 5] ...
+  python benchmarks/throughput.py --d_model 3072 --layers 28 --head_dim 128 --ffn_dim 8192 \
+      --vocab 100288 --seq_lens 2048,4096 --batch 1        # the 3B rows, on an accelerator
 
-On CPU the sequence lengths are scaled down from the paper's 2K/4K; MFU is against the nominal
-CPU peak in training/metrics.py (a measured f32 matmul rate, not a vendor figure).
+Every variant has the same d_model, depth, head width d and vocabulary; the Transformer has 2h
+heads of d, DIFF/Shared DIFF h = D / 2d differential heads (same attention parameters), DIFF V2
+h heads with 2h query heads. The SwiGLU width of each non-baseline variant is adjusted so its
+parameter count matches the Transformer's (within one FFN column per layer). Times a jitted
+train step (forward + backward + AdamW) and the jitted forward (eval step: forward + loss) on
+synthetic batches after warm-up steps; MFU uses the same FLOP count and peak table as training
+(metrics.py). On CPU the paper's 2K/4K lengths are scaled down. Writes
+benchmarks/results/throughput.json.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import platform
 import sys
 import time
+from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from diff_transformer import cli  # noqa: E402
+
+cli.default_platform()
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-from flax import nnx  # noqa: E402
+import numpy as np  # noqa: E402
 
-from diff_transformer.model import build_model  # noqa: E402
+from diff_transformer import params as params_lib  # noqa: E402
+from diff_transformer.config import base_config, validate  # noqa: E402
 from diff_transformer.model.spec import ModelSpec  # noqa: E402
-from diff_transformer.params import count  # noqa: E402
-from diff_transformer.training.metrics import (attention_flops_per_token, matmul_params,  # noqa: E402
-                                               peak_tflops_per_device, train_flops_per_token)
+from diff_transformer.training.mesh import global_batch, make_mesh  # noqa: E402
+from diff_transformer.training.metrics import (attention_flops_per_token,  # noqa: E402
+                                               matmul_params, peak_tflops_per_device,
+                                               train_flops_per_token)
+from diff_transformer.training.step import Trainer  # noqa: E402
 
 VARIANTS = ("transformer", "diff", "shared_diff", "diff_v2")
 
 
-def spec_for(variant: str, size: str, dtype: str, kernel: str, seq: int) -> ModelSpec:
-  if size == "default":
-    from configs import default
-    m = default.get_config().model
-  else:
-    from configs import scaling
-    m = scaling.get_config(f"{variant}-{size}").model
-  spec = ModelSpec.from_config(m)
-  if size == "default":
-    heads = {"transformer": 8, "diff_v2": 8, "shared_diff": 4, "diff": 4}[variant]
-    spec = ModelSpec(**{**spec.__dict__, "variant": variant, "num_heads": heads,
-                        "rank": 16 if variant == "shared_diff" else 0})
-  return ModelSpec(**{**spec.__dict__, "dtype": dtype, "kernel": kernel, "max_seq_len": seq})
+def variant_config(variant: str, args, ffn_dim: int):
+  c = base_config()
+  m = c.model
+  D, d = args.d_model, args.head_dim
+  m.variant, m.d_model, m.num_layers, m.head_dim, m.ffn_dim = variant, D, args.layers, d, ffn_dim
+  m.vocab_size, m.max_seq_len = args.vocab, args.seq_len
+  m.num_heads = D // d if variant in ("transformer", "diff_v2") else D // (2 * d)
+  m.rank = args.rank
+  c.data.seq_len = args.seq_len
+  c.train.global_batch_size = args.batch
+  return validate(c)
 
 
-def time_fn(fn, *args, iters: int) -> float:
-  jax.block_until_ready(fn(*args))  # compile + warm up
+def param_count(config) -> int:
+  return params_lib.count(ModelSpec.from_config(config.model))["params"]
+
+
+def matched_config(variant: str, args, target: int):
+  """The variant with the SwiGLU width that brings its parameter count closest to `target`."""
+  base = variant_config(variant, args, args.ffn_dim)
+  per_column = 3 * args.d_model * args.layers  # gate, up and down of one FFN column
+  ffn = args.ffn_dim + round((target - param_count(base)) / per_column)
+  return variant_config(variant, args, ffn)
+
+
+def synthetic_batch(args, seed: int = 0) -> dict[str, np.ndarray]:
+  rng = np.random.default_rng(seed)
+  B, T = args.batch, args.seq_len
+  tokens = rng.integers(0, args.vocab, (B, T + 1), dtype=np.int32)
+  return dict(inputs=tokens[:, :-1], targets=tokens[:, 1:], segment_ids=np.ones((B, T), np.int32),
+              positions=np.broadcast_to(np.arange(T, dtype=np.int32), (B, T)).copy(),
+              weights=np.ones((B, T), np.float32))
+
+
+def measure(config, args) -> dict:
+  mesh = make_mesh(config.mesh)
+  trainer = Trainer(config, mesh)
+  state = trainer.init()
+  batch = global_batch(mesh, synthetic_batch(args))
   start = time.perf_counter()
-  for _ in range(iters):
-    out = fn(*args)
-  jax.block_until_ready(out)
-  return (time.perf_counter() - start) / iters
+  for _ in range(2):  # compile + one warm step
+    state, metrics = trainer.train_step(state, batch)
+  jax.block_until_ready(metrics)
+  compile_s = time.perf_counter() - start
+  times = []
+  for _ in range(args.steps):
+    t0 = time.perf_counter()
+    state, metrics = trainer.train_step(state, batch)
+    jax.block_until_ready(metrics)
+    times.append(time.perf_counter() - t0)
+  step_s = float(np.median(times))
+  jax.block_until_ready(trainer.eval_step(state, batch))  # compile the forward
+  fwd_times = []
+  for _ in range(args.steps):
+    t0 = time.perf_counter()
+    jax.block_until_ready(trainer.eval_step(state, batch))
+    fwd_times.append(time.perf_counter() - t0)
+  fwd_s = float(np.median(fwd_times))
+  tokens = args.batch * args.seq_len
+  flops = train_flops_per_token(trainer.spec, args.seq_len) * tokens
+  fwd_flops = (2.0 * matmul_params(trainer.spec) + attention_flops_per_token(
+      trainer.spec, args.seq_len)) * tokens
+  peak = peak_tflops_per_device(args.peak_tflops) * 1e12 * jax.device_count()
+  return dict(variant=config.model.variant, seq_len=args.seq_len, params=param_count(config),
+              num_heads=config.model.num_heads, ffn_dim=config.model.ffn_dim,
+              step_s=step_s, tokens_per_s=tokens / step_s, tflops_per_s=flops / step_s / 1e12,
+              mfu=flops / step_s / peak, forward_tokens_per_s=tokens / fwd_s,
+              forward_mfu=fwd_flops / fwd_s / peak, compile_s=compile_s,
+              loss=float(metrics["loss"]))
 
 
-def measure(spec: ModelSpec, batch: int, seq: int, iters: int) -> dict:
-  model = build_model(spec, nnx.Rngs(0))
-  graphdef, state = nnx.split(model)
-  tokens = jax.random.randint(jax.random.key(0), (batch, seq + 1), 0, spec.vocab_size)
-
-  def loss(state, tokens):
-    logits = nnx.merge(graphdef, state)(tokens[:, :-1])
-    logp = jax.nn.log_softmax(logits)
-    return -jnp.mean(jnp.take_along_axis(logp, tokens[:, 1:, None], -1))
-
-  forward = jax.jit(lambda s, t: nnx.merge(graphdef, s)(t[:, :-1]))
-  both = jax.jit(jax.value_and_grad(loss))
-  fwd_s, both_s = time_fn(forward, state, tokens, iters=iters), time_fn(both, state, tokens, iters=iters)
-  n_tok = batch * seq
-  peak = peak_tflops_per_device() * jax.device_count() * 1e12
-  fwd_flops = 2.0 * matmul_params(spec) + attention_flops_per_token(spec, seq)
-  return dict(params=count(spec)["params"], forward_tokens_per_s=n_tok / fwd_s,
-              train_tokens_per_s=n_tok / both_s,
-              forward_mfu=fwd_flops * n_tok / fwd_s / peak,
-              train_mfu=train_flops_per_token(spec, seq) * n_tok / both_s / peak)
-
-
-def main():
-  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--size", default="default", help="'default' (CPU) or a scaling size: 830m, 3b, ...")
-  p.add_argument("--seq_lens", default="512,1024")
-  p.add_argument("--batch", type=int, default=4)
-  p.add_argument("--iters", type=int, default=5)
-  p.add_argument("--dtype", default="float32")
-  p.add_argument("--kernel", default="xla")
-  p.add_argument("--out", default="benchmarks/results/throughput.json")
+def main() -> None:
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--d_model", type=int, default=256)
+  p.add_argument("--layers", type=int, default=4)
+  p.add_argument("--head_dim", type=int, default=32)
+  p.add_argument("--ffn_dim", type=int, default=704)
+  p.add_argument("--rank", type=int, default=16)
+  p.add_argument("--vocab", type=int, default=8192)
+  p.add_argument("--seq_lens", default="256,512", help="comma list; the paper uses 2048,4096")
+  p.add_argument("--batch", type=int, default=8)
+  p.add_argument("--steps", type=int, default=5)
+  p.add_argument("--peak_tflops", type=float, default=0.0)
+  p.add_argument("--variants", default=",".join(VARIANTS))
+  p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "throughput.json"))
   args = p.parse_args()
   rows = []
-  for seq in map(int, args.seq_lens.split(",")):
-    base = None
-    for variant in VARIANTS:
-      r = measure(spec_for(variant, args.size, args.dtype, args.kernel, seq), args.batch, seq, args.iters)
-      base = base or r
-      r.update(variant=variant, seq_len=seq,
-               forward_vs_transformer=r["forward_tokens_per_s"] / base["forward_tokens_per_s"] - 1,
-               train_vs_transformer=r["train_tokens_per_s"] / base["train_tokens_per_s"] - 1)
-      rows.append(r)
-      print(f"| {variant:<12} | T={seq:<5} | {r['params'] / 1e6:8.2f}M | "
-            f"fwd {r['forward_tokens_per_s']:9.0f} tok/s ({100 * r['forward_vs_transformer']:+5.1f}%) | "
-            f"fwd+bwd {r['train_tokens_per_s']:9.0f} tok/s ({100 * r['train_vs_transformer']:+5.1f}%) | "
-            f"MFU {100 * r['train_mfu']:.1f}% |", flush=True)
-  os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-  meta = dict(device=jax.devices()[0].device_kind, devices=jax.device_count(), size=args.size,
-              batch=args.batch, dtype=args.dtype, kernel=args.kernel)
-  with open(args.out, "w") as f:
-    json.dump(dict(meta=meta, rows=rows), f, indent=1)
+  for seq_len in map(int, args.seq_lens.split(",")):
+    args.seq_len = seq_len
+    target = param_count(variant_config("transformer", args, args.ffn_dim))
+    for variant in args.variants.split(","):
+      config = matched_config(variant, args, target) if variant != "transformer" else (
+          variant_config(variant, args, args.ffn_dim))
+      rows.append(measure(config, args))
+      print(f"  measured {variant} at T={seq_len}", flush=True)
+  print(f"\n{'variant':<12}{'T':>6}{'params':>12}{'ffn':>6}{'fwd tok/s':>11}{'vs base':>9}"
+        f"{'train tok/s':>12}{'vs base':>9}{'MFU':>8}")
+  for r in rows:
+    base = next(b for b in rows if b["variant"] == "transformer" and b["seq_len"] == r["seq_len"])
+    r["relative_tokens_per_s"] = r["tokens_per_s"] / base["tokens_per_s"]
+    r["relative_forward_tokens_per_s"] = r["forward_tokens_per_s"] / base["forward_tokens_per_s"]
+    print(f"{r['variant']:<12}{r['seq_len']:>6}{r['params']:>12,}{r['ffn_dim']:>6}"
+          f"{r['forward_tokens_per_s']:>11.0f}{100 * (r['relative_forward_tokens_per_s'] - 1):>+8.1f}%"
+          f"{r['tokens_per_s']:>12.0f}{100 * (r['relative_tokens_per_s'] - 1):>+8.1f}%"
+          f"{100 * r['mfu']:>7.1f}%")
+  device = jax.devices()[0]
+  out = dict(device=f"{device.platform}:{device.device_kind}", devices=jax.device_count(),
+             host=platform.node(), cpu_count=os.cpu_count(), args={k: v for k, v in vars(args).items() if k != 'seq_len'},
+             peak_tflops_per_device=peak_tflops_per_device(args.peak_tflops),
+             note="median step time after 2 warm-up steps; the host may be shared, so absolute "
+                  "numbers vary run to run; compare variants within one run",
+             results=rows)
+  Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+  Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+  print(f"\nwrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -90,21 +90,45 @@ def throughput_table() -> str:
   d = _load("throughput.json")
   if d is None:
     return "(not measured yet: python benchmarks/throughput.py)"
-  meta = d["meta"]
-  out = [f"{meta['device']} x{meta['devices']}, {meta['size']} models, batch {meta['batch']}, "
-         f"{meta['dtype']}, kernel {meta['kernel']}:", "",
-         "| variant | T | params | forward tok/s | vs Transformer | fwd+bwd tok/s | vs Transformer "
-         "| MFU (fwd+bwd) |", "|---|---|---|---|---|---|---|---|"]
-  for r in d["rows"]:
+  a = d["args"]
+  out = [f"{d['device']} x{d['devices']}, D={a['d_model']}, {a['layers']} layers, head width "
+         f"{a['head_dim']}, batch {a['batch']}, parameter-matched by FFN width; train step = "
+         "forward + backward + AdamW; MFU against the nominal CPU peak (training/metrics.py):", "",
+         "| variant | T | params | forward tok/s | vs Transformer | train tok/s | vs Transformer "
+         "| MFU (train) |", "|---|---|---|---|---|---|---|---|"]
+  for r in d["results"]:
     out.append(f"| {r['variant']} | {r['seq_len']} | {r['params'] / 1e6:.2f}M | "
-               f"{r['forward_tokens_per_s']:.0f} | {100 * r['forward_vs_transformer']:+.1f}% | "
-               f"{r['train_tokens_per_s']:.0f} | {100 * r['train_vs_transformer']:+.1f}% | "
-               f"{100 * r['train_mfu']:.1f}% |")
+               f"{r['forward_tokens_per_s']:.0f} | {100 * (r['relative_forward_tokens_per_s'] - 1):+.1f}% | "
+               f"{r['tokens_per_s']:.0f} | {100 * (r['relative_tokens_per_s'] - 1):+.1f}% | "
+               f"{100 * r['mfu']:.1f}% |")
   return "\n".join(out)
 
 
+def _text(relative: str, missing: str) -> str:
+  path = os.path.join(os.path.dirname(README), relative)
+  if not os.path.exists(path):
+    return missing
+  with open(path) as f:
+    return f.read().strip()
+
+
+def eval_report() -> str:
+  """The default run's eval report, copied from runs/default/eval by tools/collect_results.sh."""
+  return _text("docs/results/default_eval/report.md",
+               "(not produced yet: python eval.py --workdir runs/default --quick)")
+
+
+def sweep_report() -> str:
+  body = _text("docs/results/sweep_cpu/report.md",
+               "(not run yet: python sweep.py --sweep=configs/sweeps/cpu.py)")
+  plots = [f"![{n}](docs/results/sweep_cpu/{n}.png)" for n in ("loss_vs_N", "loss_vs_D")
+           if os.path.exists(os.path.join(os.path.dirname(README), "docs/results/sweep_cpu",
+                                          f"{n}.png"))]
+  return body + ("\n\n" + " ".join(plots) if plots else "")
+
+
 BLOCKS = {"presets": preset_table, "kernels": kernel_tables, "aot": aot_table,
-          "throughput": throughput_table}
+          "throughput": throughput_table, "eval_report": eval_report, "sweep": sweep_report}
 
 
 def render(text: str) -> str:
