@@ -51,4 +51,8 @@ def default_platform() -> None:
     import libtpu  # noqa: F401
   except ImportError:
     return
-  os.environ["JAX_PLATFORMS"] = "cpu" if not os.path.exists("/dev/nvidia0") else ""
+  if os.path.exists("/dev/nvidia0"):
+    return
+  os.environ["JAX_PLATFORMS"] = "cpu"
+  import jax  # already imported by flax: set the config too (read when backends start)
+  jax.config.update("jax_platforms", "cpu")

@@ -31,3 +31,10 @@ def test_matching_ratio_inverts_the_law():
 def test_too_few_points_is_an_error():
   with pytest.raises(ValueError, match="at least 3"):
     fit.fit_power_law([1e6, 1e7], [3.0, 2.5])
+
+
+def test_headline_when_the_transformer_never_reaches_the_loss():
+  transformer = fit.PowerLaw(E=2.0, A=50.0, alpha=0.3)
+  ratio = fit.matching_ratio(transformer, 1e9, 1.9)
+  assert ratio["matched_x"] == float("inf")
+  assert "below the Transformer fit's floor" in fit.headline("diff_v2", 1e9, ratio)

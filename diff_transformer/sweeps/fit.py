@@ -61,6 +61,9 @@ def matching_ratio(reference: PowerLaw, x: float, loss: float) -> dict:
 
 def headline(variant: str, x: float, ratio: dict, unit: str = "params") -> str:
   fmt = _fmt_params if unit == "params" else _fmt_tokens
+  if not math.isfinite(ratio["matched_x"]):
+    return (f"{variant} {fmt(x)} reaches a loss below the Transformer fit's floor E (no "
+            f"Transformer size matches it)")
   return (f"{variant} {fmt(x)} matches Transformer {fmt(ratio['matched_x'])} "
           f"({100 * ratio['ratio']:.1f}%)")
 
