@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import tempfile
@@ -63,3 +64,18 @@ def atomic_dir(final: Path, replace: bool = False) -> Iterator[Path]:
     shutil.rmtree(tmp, ignore_errors=True)
     raise
 
+
+
+def jsonl_records(path: Path) -> Iterator[tuple[int, object]]:
+  """(line number, parsed record) of each non-blank line; bad UTF-8 or JSON is one DataError line."""
+  try:
+    text = path.read_bytes().decode("utf-8")
+  except UnicodeDecodeError as e:
+    raise DataError(f"{path}: not valid UTF-8 text (byte {e.start})") from e
+  for lineno, line in enumerate(text.splitlines(), 1):
+    if not line.strip():
+      continue
+    try:
+      yield lineno, json.loads(line)
+    except json.JSONDecodeError as e:
+      raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg})") from e

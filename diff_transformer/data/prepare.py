@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from diff_transformer.data.common import DataError, atomic_dir
+from diff_transformer.data.common import DataError, atomic_dir, jsonl_records
 from diff_transformer.data.tokenizer import (TOKENIZER_FILE, BPETokenizer, ByteTokenizer,
                                              Tokenizer, check_name, describe)
 
@@ -74,13 +74,7 @@ def read_documents(files: Sequence[Path], text_field: str = "text") -> Iterator[
       yield str(path), text
       continue
     count = 0
-    for lineno, line in enumerate(_read_text(path).splitlines(), 1):
-      if not line.strip():
-        continue
-      try:
-        record = json.loads(line)
-      except json.JSONDecodeError as e:
-        raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg})") from e
+    for lineno, record in jsonl_records(path):
       if not isinstance(record, dict) or text_field not in record:
         raise DataError(f"{path}:{lineno}: no '{text_field}' field")
       text = record[text_field]

@@ -13,13 +13,13 @@ passage of held-out text comes from (the works of the run's validation split, e.
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
+from diff_transformer.data.common import DataError, jsonl_records
 from diff_transformer.evaluation import common, decoding
 from diff_transformer.evaluation.common import EvalError
 
@@ -35,13 +35,11 @@ def load_jsonl(path: str) -> list[Example]:
   if not p.is_file():
     raise EvalError(f"icl: {p}: no such file")
   out = []
-  for lineno, line in enumerate(p.read_text("utf-8").splitlines(), 1):
-    if not line.strip():
-      continue
-    try:
-      rec = json.loads(line)
-    except json.JSONDecodeError as e:
-      raise EvalError(f"icl: {p}:{lineno}: not valid JSON ({e.msg})") from e
+  try:
+    records = list(jsonl_records(p))
+  except DataError as e:
+    raise EvalError(f"icl: {e}") from e
+  for lineno, rec in records:
     if not isinstance(rec, dict) or not isinstance(rec.get("text"), str) or "label" not in rec:
       raise EvalError(f"icl: {p}:{lineno}: need a string 'text' and a 'label'")
     out.append(Example(rec["text"].strip(), str(rec["label"]).strip()))
