@@ -1,5 +1,6 @@
 """Every variant and kernel against the independent float64 reference (tests/np_reference.py)."""
 import dataclasses
+import zlib
 
 import jax
 import jax.numpy as jnp
@@ -62,18 +63,31 @@ def rel_err(a, b):
   return float(np.max(np.abs(np.asarray(a, np.float64) - b)) / np.max(np.abs(b)))
 
 
+def seed_of(*case) -> int:
+  """A fixed seed per case (str hash() is salted per process, so it would not reproduce)."""
+  return zlib.crc32(repr(case).encode())
+
+
+def tolerance(variant: str) -> float:
+  # The sub-layer RMSNorm divides each head by the RMS of A1 V - lambda A2 V, which is small
+  # when the two terms nearly cancel, so float32 rounding is amplified by up to ~35x there
+  # (measured: max 3.2e-5 over 80 random draws per case, median 9e-7). A semantic slip (pairing,
+  # scale, lambda, mask) moves the output by orders of magnitude more.
+  return 1e-4 if variant in ("diff", "shared_diff") else 1e-5
+
+
 CASES = [(v, kv) for v in VARIANTS for kv in (None, 2)] + [("transformer", 1)]
 
 
 @pytest.mark.parametrize("kernel", ["reference", "xla"])
 @pytest.mark.parametrize("variant,kv", CASES)
 def test_module_matches_float64(variant, kv, kernel):
-  spec, attn = make(variant, kv, seed=hash((variant, kv, kernel)) % 1000, kernel=kernel)
+  spec, attn = make(variant, kv, seed=seed_of(variant, kv, kernel), kernel=kernel)
   x = np.random.default_rng(1).normal(size=(B, T, D))
   pos = jnp.broadcast_to(jnp.arange(T), (B, T))
   for seg in (None, SEG):
     got = attn(jnp.asarray(x, jnp.float32), pos, None if seg is None else jnp.asarray(seg))
-    assert rel_err(got, expected(variant, spec, attn, x, seg)) < 1e-5
+    assert rel_err(got, expected(variant, spec, attn, x, seg)) < tolerance(variant)
 
 
 @pytest.mark.parametrize("variant,overrides", [
@@ -96,7 +110,7 @@ def test_ablations_match_float64(variant, overrides):
       ref.lambda_init = ref_lambda_init
   else:
     want = expected(variant, spec, attn, x, SEG)
-  assert rel_err(got, want) < 1e-5
+  assert rel_err(got, want) < tolerance(variant)
 
 
 @pytest.mark.parametrize("variant", ["diff", "shared_diff", "diff_v2"])
@@ -122,7 +136,7 @@ def test_reference_maps_match_float64(variant):
 @pytest.mark.parametrize("kernel", ["reference", "xla"])
 @pytest.mark.parametrize("case", ["baseline", "v1", "v2", "mqa"])
 def test_kernels_match_float64_on_fresh_inputs(kernel, case):
-  rng = np.random.default_rng(hash((kernel, case)) % 2**32)
+  rng = np.random.default_rng(seed_of(kernel, case))
   H, K, dk = 4, (1 if case == "mqa" else 2), 8
   dv = 2 * dk if case == "v1" else dk
   q1, q2 = rng.normal(size=(2, B, T, H, dk))
