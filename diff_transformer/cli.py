@@ -1,6 +1,7 @@
 """Command-line plumbing shared by train.py, eval.py and the other programs."""
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 
@@ -47,9 +48,7 @@ def default_platform() -> None:
   """Keep jax on CPU where libtpu is installed (for AOT compiles) but no TPU is attached."""
   if "JAX_PLATFORMS" in os.environ or os.path.exists("/dev/accel0") or os.path.exists("/dev/vfio"):
     return
-  try:
-    import libtpu  # noqa: F401
-  except ImportError:
+  if importlib.util.find_spec("libtpu") is None:
     return
   if os.path.exists("/dev/nvidia0"):
     return

@@ -1,8 +1,6 @@
 """Every variant and kernel against the independent float64 reference (tests/np_reference.py)."""
-import dataclasses
 import zlib
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest

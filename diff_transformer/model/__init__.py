@@ -8,6 +8,8 @@ from flax import nnx
 from diff_transformer.model.decoder import Block, Decoder
 from diff_transformer.model.spec import ModelSpec
 
+__all__ = ["Block", "Decoder", "ModelSpec", "build_model"]
+
 
 def build_model(model_config: ml_collections.ConfigDict | ModelSpec, rngs: nnx.Rngs) -> Decoder:
   """Parameters are created sharded by the logical rules when a mesh is set, plain otherwise."""

@@ -11,7 +11,6 @@ and the two Pallas kernels (dK/dV, dQ) do the rest.
 from __future__ import annotations
 
 import functools
-import math
 from typing import Callable
 
 import jax
@@ -19,7 +18,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from diff_transformer.kernels import common
-from diff_transformer.kernels.pallas import _math, tpu, triton
+from diff_transformer.kernels.pallas import tpu, triton
 from diff_transformer.kernels.pallas._math import Config
 
 Array = jax.Array

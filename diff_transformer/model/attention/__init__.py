@@ -5,6 +5,9 @@ from diff_transformer.model.attention.diff_v2 import DiffV2Attention
 from diff_transformer.model.attention.shared_diff import SharedDiffAttention
 from diff_transformer.model.attention.transformer import TransformerAttention
 
+__all__ = ["Attention", "LayerConstant", "Projected", "VARIANTS", "DiffAttention",
+           "DiffV2Attention", "SharedDiffAttention", "TransformerAttention"]
+
 VARIANTS: dict[str, type[Attention]] = {
     "transformer": TransformerAttention,
     "diff": DiffAttention,
