@@ -282,10 +282,11 @@ def test_shuffle_depends_on_seed(dataset):
 
 
 @pytest.mark.parametrize("packing", ["concat", "first_fit"])
-def test_iterator_state_resumes_at_next_batch(dataset, packing):
+@pytest.mark.parametrize("consumed", [0, 7, 21])  # concat has no remainder at 0 and 21
+def test_iterator_state_resumes_at_next_batch(dataset, packing, consumed):
   cfg = _data_config(dataset.path, packing=packing)
   it = train_iterator(dataset, cfg, 4, seed=5)
-  for _ in range(7):
+  for _ in range(consumed):
     next(it)
   state = json.loads(json.dumps(it.get_state()))  # small and serializable
   expected = [next(it) for _ in range(4)]

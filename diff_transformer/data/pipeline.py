@@ -132,7 +132,35 @@ def train_iterator(dataset: Dataset, data_config: ml_collections.ConfigDict,
                process_count=process_count, num_bins=max(local, 8))
   batches = rows.batch(local, drop_remainder=num_epochs is None,
                        batch_fn=functools.partial(_stack, size=local))
-  return iter(batches)
+  return JsonStateIterator(iter(batches))
+
+
+def _lists_to_tuples(x):
+  if isinstance(x, dict):
+    return {k: _lists_to_tuples(v) for k, v in x.items()}
+  if isinstance(x, (list, tuple)):
+    return tuple(_lists_to_tuples(v) for v in x)
+  return x
+
+
+class JsonStateIterator(grain.DatasetIterator):
+  """Resumes exactly from a state that went through JSON (as grain.checkpoint writes it).
+
+  grain 0.2.18's ConcatThenSplit keeps (-1, -1) "no remainder" tuples in its state; JSON turns
+  them into lists, which its set_state misreads as a remainder (a shifted data order).
+  """
+
+  def __init__(self, parent: grain.DatasetIterator) -> None:
+    super().__init__(parent)
+
+  def __next__(self):
+    return next(self._parent)
+
+  def get_state(self) -> dict:
+    return self._parent.get_state()
+
+  def set_state(self, state: dict) -> None:
+    self._parent.set_state(_lists_to_tuples(state))
 
 
 def validation_batches(dataset: Dataset, data_config: ml_collections.ConfigDict,

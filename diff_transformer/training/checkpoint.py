@@ -134,14 +134,6 @@ def check_tokenizer_record(workdir: Path, tokenizer=None) -> dict:
   return record
 
 
-def _lists_to_tuples(x):
-  if isinstance(x, dict):
-    return {k: _lists_to_tuples(v) for k, v in x.items()}
-  if isinstance(x, (list, tuple)):
-    return tuple(_lists_to_tuples(v) for v in x)
-  return x
-
-
 # ---- checkpoints -----------------------------------------------------------------------------
 def _split_state(state: State) -> tuple[dict, dict]:
   return (dict(params=state["params"], constants=state["constants"]),
@@ -193,11 +185,6 @@ class Checkpointer:
       if iterator is not None:
         items["data"] = grain.checkpoint.CheckpointRestore(iterator)
     restored = self.manager.restore(step, args=ocp.args.Composite(**items))
-    if "data" in items:
-      # grain 0.2.18 stores iterator state as JSON, which turns ConcatThenSplit's (-1, -1)
-      # "no remainder" tuples into lists that it then misreads as a remainder (a shifted data
-      # order). Setting the state again with tuples restores the exact next batch.
-      iterator.set_state(_lists_to_tuples(iterator.get_state()))
     meta = restored["meta"]
     if fingerprint(restored["model"]) != meta["model_digest"]:
       raise TrainError("model arrays do not match the digest saved with them")
