@@ -17,6 +17,7 @@ import time
 
 from diff_transformer.config import base_config
 from diff_transformer.data import DataError, load_dataset, prepare_files
+from diff_transformer.data.tokenizer import TOKENIZERS
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
   p.add_argument("--input", action="append", default=[], metavar="PATH",
                  help=".txt/.jsonl file or directory; repeatable")
   p.add_argument("--output", help="directory to write (use as --config.data.path)")
-  p.add_argument("--tokenizer", default=defaults.tokenizer, choices=("bpe", "byte"))
+  p.add_argument("--tokenizer", default=defaults.tokenizer, choices=TOKENIZERS)
   p.add_argument("--bpe_vocab_size", type=int, default=defaults.bpe_vocab_size)
   p.add_argument("--val_fraction", type=float, default=defaults.val_fraction)
   p.add_argument("--text_field", default="text", help="the text field of .jsonl records")
@@ -37,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
   start = time.time()
   try:
     if args.shakespeare:
-      cfg = base_config().data
+      cfg = defaults
       cfg.update(dict(tokenizer=args.tokenizer, bpe_vocab_size=args.bpe_vocab_size,
                       val_fraction=args.val_fraction, cache_dir=args.cache_dir))
       ds = load_dataset(cfg)
@@ -59,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
                         unigram_entropy_nats=round(meta["unigram_entropy_nats"], 4),
                         seconds=round(time.time() - start, 1)), indent=2))
   flag = f"--config.data.tokenizer={meta['tokenizer']['name']}"
+  if meta["requested_bpe_vocab_size"] is not None:  # load_dataset checks it against the config
+    flag += f" --config.data.bpe_vocab_size={meta['requested_bpe_vocab_size']}"
   print(f"Train on it with: --config.data.name=prepared --config.data.path={out} {flag}")
   return 0
 

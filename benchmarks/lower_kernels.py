@@ -12,6 +12,7 @@ Exits non-zero if any lowering or compile fails.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
@@ -81,28 +82,31 @@ def lower_all(T: int = 1024) -> list[dict]:
       make = fwd_and_bwd(lambda *a, **k: attention(*a, backend=backend, interpret=False, **k))
       f, g, present = make(args)
       for name, fn in (("fwd", f), ("bwd", g)):
-        start, row = time.time(), dict(platform=platform, variant=variant, pass_=name, T=T)
-        try:
-          ctx = jax.sharding.use_abstract_mesh(tpu_mesh) if platform == "tpu" else _null()
+
+        def lower(fn=fn):
+          ctx = (jax.sharding.use_abstract_mesh(tpu_mesh) if platform == "tpu"
+                 else contextlib.nullcontext())
           with ctx:
             text = jax.jit(fn).trace(seg, *present).lower(lowering_platforms=(platform,)).as_text()
           target = "tpu_custom_call" if platform == "tpu" else "xla.gpu.triton"
-          row.update(ok=text.count(target) > 0, kernels=text.count(target))
-        except Exception as e:  # recorded, and the script exits non-zero
-          row.update(ok=False, error=f"{type(e).__name__}: {str(e)[:2000]}")
-        row["seconds"] = round(time.time() - start, 2)
+          return dict(ok=text.count(target) > 0, kernels=text.count(target))
+
+        row = _attempt(dict(platform=platform, variant=variant, pass_=name, T=T), lower)
         rows.append(row)
         print(f"lower {platform:4s} {variant:4s} {name}: {'ok' if row['ok'] else 'FAILED'} "
               f"({row.get('kernels', 0)} kernels, {row['seconds']} s) {row.get('error', '')}")
   return rows
 
 
-class _null:
-  def __enter__(self):
-    return self
-
-  def __exit__(self, *exc):
-    return False
+def _attempt(row: dict, work) -> dict:
+  """row updated with work()'s fields, or ok=False and the error, plus the seconds taken."""
+  start = time.time()
+  try:
+    row.update(work())
+  except Exception as e:  # recorded, and the script exits non-zero
+    row.update(ok=False, error=f"{type(e).__name__}: {str(e)[:2000]}")
+  row["seconds"] = round(time.time() - start, 2)
+  return row
 
 
 def tpu_topology_mesh(topology: str = "v5e:2x2", shape=(2, 2)):
@@ -121,18 +125,17 @@ def aot_all(T: int = 2048, topology: str = "v5e:2x2") -> list[dict]:
     make = fwd_and_bwd(sharded_attention(mesh, "data", "model", backend="tpu", interpret=False))
     f, g, present = make(args)
     for name, fn in (("fwd", f), ("bwd", g)):
-      start, row = time.time(), dict(topology=topology, variant=variant, pass_=name, T=T,
-                                     shape="B2 N8 K2 d128 bf16, mesh data2 x model2")
-      try:
+
+      def compile_(fn=fn):
         with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
           lowered = jax.jit(fn).trace(seg, *present).lower()
         mem = lowered.compile().memory_analysis()
-        row.update(ok=True, memory={k: getattr(mem, k) for k in (
+        return dict(ok=True, memory={k: getattr(mem, k) for k in (
             "argument_size_in_bytes", "output_size_in_bytes", "temp_size_in_bytes",
             "generated_code_size_in_bytes")})
-      except Exception as e:
-        row.update(ok=False, error=f"{type(e).__name__}: {str(e)[:2000]}")
-      row["seconds"] = round(time.time() - start, 2)
+
+      row = _attempt(dict(topology=topology, variant=variant, pass_=name, T=T,
+                          shape="B2 N8 K2 d128 bf16, mesh data2 x model2"), compile_)
       rows.append(row)
       print(f"aot {topology} {variant:4s} {name}: {'ok' if row['ok'] else 'FAILED'} "
             f"{row.get('memory', row.get('error'))}")

@@ -16,7 +16,7 @@ Sources (SPEC.md section 6):
   parameter formula counts two low-rank terms; the code has four (Q1, Q2, K1, K2) and reports
   what it has. Optimiser as the DIFF rows. Note: Table 3's 2.8B/6.8B/13.1B rows are wider or
   deeper than the DIFF rows of the same name (2880 x 32, 4096 x 35, 5120 x 44), so by the
-  formulas those Shared DIFF presets count MORE parameters than DIFF's (3.4B, 7.1B, 13.8B paper
+  formulas those Shared DIFF presets count MORE parameters than DIFF's (3.3B, 7.1B, 13.8B paper
   count); at equal D, L, h, d Shared DIFF always has fewer (tests/test_params.py).
 - DIFF V2 rows mirror the Transformer rows (same D, L, h, h_kv, d); V2 adds D*h*d query and D*h
   lambda parameters per layer.

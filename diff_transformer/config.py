@@ -146,8 +146,8 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
       _fail("model.v2_pairing", f"'{m.v2_pairing}' is not one of interleaved, halves")
     if m.v2_lambda not in ("sigmoid", "none", "linear"):
       _fail("model.v2_lambda", f"'{m.v2_lambda}' is not one of sigmoid, none, linear")
-    if m.v2_pairing == "interleaved" and (2 * m.num_heads // kv) % 2:
-      _fail("model.num_kv_heads", f"2h / h_kv = {2 * m.num_heads // kv} query heads per kv group "
+    if m.v2_pairing == "interleaved" and (query_heads // kv) % 2:
+      _fail("model.num_kv_heads", f"2h / h_kv = {query_heads // kv} query heads per kv group "
             "must be even so each (2j, 2j+1) pair shares its keys (or set v2_pairing=halves)")
   if m.rope_pairs not in ("interleaved", "half"):
     _fail("model.rope_pairs", f"'{m.rope_pairs}' is not one of interleaved, half")

@@ -66,13 +66,16 @@ def atomic_dir(final: Path, replace: bool = False) -> Iterator[Path]:
 
 
 
-def jsonl_records(path: Path) -> Iterator[tuple[int, object]]:
-  """(line number, parsed record) of each non-blank line; bad UTF-8 or JSON is one DataError line."""
+def read_utf8(path: Path) -> str:
   try:
-    text = path.read_bytes().decode("utf-8")
+    return path.read_bytes().decode("utf-8")
   except UnicodeDecodeError as e:
     raise DataError(f"{path}: not valid UTF-8 text (byte {e.start})") from e
-  for lineno, line in enumerate(text.splitlines(), 1):
+
+
+def jsonl_records(path: Path) -> Iterator[tuple[int, object]]:
+  """(line number, parsed record) of each non-blank line; bad UTF-8 or JSON is one DataError line."""
+  for lineno, line in enumerate(read_utf8(path).splitlines(), 1):
     if not line.strip():
       continue
     try:

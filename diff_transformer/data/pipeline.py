@@ -71,9 +71,10 @@ class ChunkSource(Sequence):
 
 
 def _finish_row(x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-  seg = x["inputs_segment_ids"].astype(np.int32)
-  return {"inputs": x["inputs"].astype(np.int32), "targets": x["targets"].astype(np.int32),
-          "segment_ids": seg, "positions": x["inputs_positions"].astype(np.int32),
+  int32 = lambda a: a.astype(np.int32, copy=False)  # grain's packers already give int32
+  seg = int32(x["inputs_segment_ids"])
+  return {"inputs": int32(x["inputs"]), "targets": int32(x["targets"]),
+          "segment_ids": seg, "positions": int32(x["inputs_positions"]),
           "weights": (seg > 0).astype(np.float32)}
 
 
@@ -149,9 +150,6 @@ class JsonStateIterator(grain.DatasetIterator):
   grain 0.2.18's ConcatThenSplit keeps (-1, -1) "no remainder" tuples in its state; JSON turns
   them into lists, which its set_state misreads as a remainder (a shifted data order).
   """
-
-  def __init__(self, parent: grain.DatasetIterator) -> None:
-    super().__init__(parent)
 
   def __next__(self):
     return next(self._parent)

@@ -20,12 +20,12 @@ import json
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
+import ml_collections
 import numpy as np
 from tqdm import tqdm
 
-from diff_transformer.data.common import DataError, atomic_dir, jsonl_records
-from diff_transformer.data.tokenizer import (TOKENIZER_FILE, BPETokenizer, ByteTokenizer,
-                                             Tokenizer, check_name, describe)
+from diff_transformer.data.common import DataError, atomic_dir, jsonl_records, read_utf8
+from diff_transformer.data.tokenizer import Tokenizer, build_tokenizer, check_name, describe
 
 FORMAT_VERSION = 1
 METADATA = "metadata.json"
@@ -57,18 +57,11 @@ def list_input_files(inputs: Sequence[str | Path]) -> list[Path]:
   return files
 
 
-def _read_text(path: Path) -> str:
-  try:
-    return path.read_bytes().decode("utf-8")
-  except UnicodeDecodeError as e:
-    raise DataError(f"{path}: not valid UTF-8 text (byte {e.start})") from e
-
-
 def read_documents(files: Sequence[Path], text_field: str = "text") -> Iterator[tuple[str, str]]:
   """(name, text): a .txt file is one document; each .jsonl line's `text_field` is one."""
   for path in files:
     if path.suffix == ".txt":
-      text = _read_text(path)
+      text = read_utf8(path)
       if not text.strip():
         raise DataError(f"{path}: empty file")
       yield str(path), text
@@ -175,13 +168,11 @@ def prepare_documents(documents: Documents, output: str | Path, *, tokenizer: st
   plan = plan_split(sizes, hashes, val_fraction)
 
   with atomic_dir(output, replace=force) as tmp:
-    if tokenizer == "byte":
-      tok: Tokenizer = ByteTokenizer()
-    else:  # Pass 2: BPE on the training split only, so validation text stays unseen.
-      train_texts = (t for _, s, _, t in split_documents(documents, plan, val_fraction)
-                     if s == "train")
-      tok = BPETokenizer.train(train_texts, bpe_vocab_size)
-      tok.save(tmp / TOKENIZER_FILE)
+    # Pass 2 (BPE only): trained on the training split, so validation text stays unseen.
+    train_texts = (t for _, s, _, t in split_documents(documents, plan, val_fraction)
+                   if s == "train")
+    tok = build_tokenizer(ml_collections.ConfigDict(
+        dict(tokenizer=tokenizer, bpe_vocab_size=bpe_vocab_size)), tmp, train_texts)
     meta = _write_splits(documents, plan, val_fraction, tok, tmp, len(sizes), progress)
     meta.update(format=FORMAT_VERSION, split_mode=plan["mode"], val_fraction=val_fraction,
                 requested_bpe_vocab_size=bpe_vocab_size if tokenizer == "bpe" else None,
@@ -197,7 +188,6 @@ def _write_splits(documents: Documents, plan: dict, val_fraction: float, tok: To
   files = {s: open(out / f"{s}.bin", "wb") for s in SPLITS}
   offsets = {s: [0] for s in SPLITS}
   names: dict[str, list[str]] = {s: [] for s in SPLITS}
-  counts = np.zeros(tok.vocab_size, np.int64)  # train targets: every token and each final eot
   eot = np.array([tok.eot_id], dtype)
   try:
     for f in files.values():
@@ -211,8 +201,6 @@ def _write_splits(documents: Documents, plan: dict, val_fraction: float, tok: To
         files[split].write(arr.tobytes())
         offsets[split].append(offsets[split][-1] + len(arr))
         names[split].append(name)
-        if split == "train":
-          counts += np.bincount(arr, minlength=tok.vocab_size)
         bar.update(i - done)
         done = i
     bar.close()
@@ -223,6 +211,8 @@ def _write_splits(documents: Documents, plan: dict, val_fraction: float, tok: To
     if len(offsets[s]) < 2:
       raise DataError(f"too little text to hold out a {s} split (val_fraction={val_fraction})")
     np.save(out / f"{s}.idx.npy", np.asarray(offsets[s], np.int64))
+  # Unigram statistics of the training targets: every token and each document's final eot.
+  counts = np.bincount(np.memmap(out / "train.bin", dtype, mode="r")[1:], minlength=tok.vocab_size)
   p = counts[counts > 0] / counts.sum()
   splits = {s: dict(file=f"{s}.bin", index=f"{s}.idx.npy", documents=len(names[s]),
                     tokens=int(offsets[s][-1] - len(names[s])),  # without the eot framing
