@@ -117,6 +117,7 @@ def get_config(preset: str = "diff-830m"):
     source += "; long-context: RoPE theta 640,000, lr 8e-5, sequence 64K"
   m.max_seq_len = c.data.seq_len
   c.data.tokenizer, c.data.name = "bpe", "prepared"
+  c.data.bpe_vocab_size = VOCAB  # prepare the data with --bpe_vocab_size 100288
   c.train.eval_every, c.train.checkpoint_every = 1000, 1000
   c.source = source
   return c
