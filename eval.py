@@ -15,11 +15,11 @@ cli.default_platform()
 
 from absl import app, flags, logging  # noqa: E402
 
-from diff_transformer.evaluation import EvalError, Settings, evaluate, parse_suites  # noqa: E402
+from diff_transformer.evaluation import (SUITES, EvalError, Settings, evaluate,  # noqa: E402
+                                         parse_suites)
 
 flags.DEFINE_string("workdir", "runs/default", "Training run directory (config + checkpoints).")
-flags.DEFINE_string("suites", "all", "Comma-separated suites: loss, long_context, needle, "
-                    "attention, outliers, quantization, icl, generate (or all).")
+flags.DEFINE_string("suites", "all", f"Comma-separated suites: {', '.join(SUITES)} (or all).")
 flags.DEFINE_integer("step", None, "Checkpoint step (default: the newest readable one).")
 flags.DEFINE_bool("quick", False, "Small suite sizes: all suites in a few CPU minutes.")
 flags.DEFINE_string("mesh", "", "data,fsdp,tensor sizes to restore onto (-1 = the rest); "
@@ -39,6 +39,9 @@ flags.DEFINE_integer("max_new_tokens", None, "Tokens to generate.")
 flags.DEFINE_float("temperature", None, "Sampling temperature for generate.")
 flags.DEFINE_integer("top_k", None, "Top-k for sampling (0 = off).")
 FLAGS = flags.FLAGS
+# Flags passed to Settings under their own names (None keeps the mode's default).
+_SETTINGS_FLAGS = ("seed", "batch_size", "val_batches", "context_len", "needle_samples", "icl_data",
+                   "prompt", "max_new_tokens", "temperature", "top_k")
 
 
 def _ints(values, flag: str) -> tuple[int, ...] | None:
@@ -88,11 +91,9 @@ def main(argv):
                       "--compare)")
     suites = parse_suites(FLAGS.suites)
     settings = Settings.for_mode(
-        FLAGS.quick, seed=FLAGS.seed, batch_size=FLAGS.batch_size, val_batches=FLAGS.val_batches,
-        context_len=FLAGS.context_len, needle_lengths=_ints(FLAGS.needle_lengths, "needle_lengths"),
-        needle_configs=_pairs(FLAGS.needle_configs), needle_samples=FLAGS.needle_samples,
-        icl_data=FLAGS.icl_data, prompt=FLAGS.prompt, max_new_tokens=FLAGS.max_new_tokens,
-        temperature=FLAGS.temperature, top_k=FLAGS.top_k)
+        FLAGS.quick, **{name: FLAGS[name].value for name in _SETTINGS_FLAGS},
+        needle_lengths=_ints(FLAGS.needle_lengths, "needle_lengths"),
+        needle_configs=_pairs(FLAGS.needle_configs))
     evaluate(FLAGS.workdir, suites, step=FLAGS.step, mesh=_mesh(), settings=settings)
     print(f"Report: {FLAGS.workdir}/eval/report.md")
   except EvalError as e:

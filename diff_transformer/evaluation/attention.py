@@ -66,7 +66,8 @@ def analyse(fns: common.Fns, samples: list[needle.Sample], batch_size: int,
     rows = query_rows(aux, lengths - 1)
     for i, s in enumerate(chunk):
       masks = span_masks(s, int(lengths[i]), tokens.shape[1])
-      per_layer = [[shares(rows[l, i], masks)[k] for k in SPANS] for l in range(rows.shape[0])]
+      per_layer = [[share[k] for k in SPANS]
+                   for share in (shares(rows[l, i], masks) for l in range(rows.shape[0]))]
       per_depth.setdefault(s.depth, []).append(np.asarray(per_layer))
   out = {}
   for depth, vals in sorted(per_depth.items()):
@@ -79,7 +80,7 @@ def analyse(fns: common.Fns, samples: list[needle.Sample], batch_size: int,
 
 def run(fns: common.Fns, tokenizer, texts: list[str], settings, out_dir) -> dict:
   haystack = needle.Haystack(texts, tokenizer)
-  length = common.check_context(fns.model, fns.spec.max_seq_len, "attention")
+  length = fns.spec.max_seq_len
   num_needles = max(n for n, _ in settings.needle_configs)
   samples = needle.build_samples(haystack, length, num_needles, 1, settings.depths,
                                  settings.attention_samples, settings.seed + 1)

@@ -20,6 +20,10 @@ class EvalError(ValueError):
   """Bad evaluation input; the message is one line naming the flag, path or limit."""
 
 
+SUITES = ("loss", "long_context", "needle", "attention", "outliers", "quantization", "icl",
+          "generate")  # also the order of the report's sections
+
+
 @dataclasses.dataclass
 class Settings:
   """Suite sizes; `for_mode(quick=True)` runs every suite in a couple of CPU minutes (default run)."""

@@ -51,26 +51,18 @@ def _pick(logits_BV, key, temperature: float, top_k: int):
 
 
 def generate(fns: Fns, prompts: list[list[int]], max_new_tokens: int, *, temperature: float = 0.0,
-             top_k: int = 0, seed: int = 0, stop_ids: tuple[int, ...] = ()) -> list[list[int]]:
-  """New tokens per prompt (greedy when temperature is 0), stopping early at a stop id."""
+             top_k: int = 0, seed: int = 0) -> list[list[int]]:
+  """max_new_tokens new tokens per prompt (greedy when temperature is 0)."""
   logits, cache = prefill(fns, prompts, max_new_tokens)
   key = jax.random.key(seed)
   out = np.zeros((logits.shape[0], max_new_tokens), np.int32)
-  done = np.zeros(logits.shape[0], bool)
   for t in range(max_new_tokens):
     key, sub = jax.random.split(key)
-    nxt = np.asarray(_pick(logits, sub, temperature, top_k), np.int32)
-    out[:, t] = nxt
-    done |= np.isin(nxt, stop_ids)
-    if done.all() or t == max_new_tokens - 1:
-      break
-    logits, cache = fns.decode(nxt[:, None], cache)
-    logits = logits[:, 0]
-  result = []
-  for row in out[:len(prompts), :t + 1].tolist():
-    cut = next((i for i, tok in enumerate(row) if tok in stop_ids), len(row))
-    result.append(row[:cut + 1] if cut < len(row) else row)
-  return result
+    out[:, t] = np.asarray(_pick(logits, sub, temperature, top_k), np.int32)
+    if t < max_new_tokens - 1:  # the last token needs no cache entry
+      logits, cache = fns.decode(out[:, t:t + 1], cache)
+      logits = logits[:, 0]
+  return out[:len(prompts)].tolist()
 
 
 def score_candidates(fns: Fns, prompts: list[list[int]], candidates: list[list[int]]

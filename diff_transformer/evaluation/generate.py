@@ -23,11 +23,14 @@ def prompts_for(tokenizer, texts: list[str], settings, count: int = 3) -> list[s
   return out
 
 
-def matches_full_forward(fns: common.Fns, prompt: list[int], new: list[int]) -> bool:
-  """Greedy tokens equal the argmax of one full forward over prompt + generated text."""
-  seq = np.asarray([prompt + new[:-1]], np.int32)
-  pred = np.asarray(fns.logits(seq)).argmax(-1)[0, len(prompt) - 1:]
-  return pred.tolist() == new
+def matches_full_forward(fns: common.Fns, prompts: list[list[int]], new: list[list[int]]
+                         ) -> list[bool]:
+  """Per prompt: its greedy tokens equal the argmax of a full forward over prompt + generated
+  text (one forward over the right-padded rows; causal, so the padding changes nothing)."""
+  tokens, _ = common.pad_rows([p + n[:-1] for p, n in zip(prompts, new)])
+  pred_BT = np.asarray(fns.logits(tokens)).argmax(-1)
+  return [pred_BT[i, len(p) - 1:len(p) - 1 + len(n)].tolist() == n
+          for i, (p, n) in enumerate(zip(prompts, new))]
 
 
 def run(fns: common.Fns, tokenizer, texts: list[str], settings, out_dir) -> dict:
@@ -42,8 +45,9 @@ def run(fns: common.Fns, tokenizer, texts: list[str], settings, out_dir) -> dict
                               seed=settings.seed)
   (kh, kw), (vh, vw) = kv_cache.layout(fns.spec)
   samples = [dict(prompt=p, greedy=tokenizer.decode(g), sampled=tokenizer.decode(s),
-                  greedy_matches_full_forward=matches_full_forward(fns, e, g))
-             for p, e, g, s in zip(prompts, encoded, greedy, sampled)]
+                  greedy_matches_full_forward=m)
+             for p, g, s, m in zip(prompts, greedy, sampled,
+                                   matches_full_forward(fns, encoded, greedy))]
   for s in samples:
     print(f"  [{s['prompt']!r}] greedy: {s['greedy']!r}", flush=True)
   return dict(samples=samples, max_new_tokens=settings.max_new_tokens,

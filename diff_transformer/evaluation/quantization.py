@@ -16,7 +16,7 @@ from diff_transformer.evaluation import common, loss, needle
 def run(model, val_batches: list[dict], tokenizer, texts: list[str], settings, out_dir) -> dict:
   haystack = needle.Haystack(texts, tokenizer)
   n, r = settings.needle_configs[-1]
-  length = common.check_context(model, model.spec.max_seq_len, "quantization")
+  length = model.spec.max_seq_len
   samples = {(n, r, length): needle.build_samples(haystack, length, n, r, settings.depths,
                                                   settings.quant_needle_samples, settings.seed + 2)}
   rows = {}

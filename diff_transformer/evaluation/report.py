@@ -8,10 +8,6 @@ from pathlib import Path
 from diff_transformer.evaluation import common, icl, long_context, quantization
 from diff_transformer.evaluation.common import EvalError
 
-ORDER = ("loss", "long_context", "needle", "attention", "outliers", "quantization", "icl",
-         "generate")
-
-
 def metrics(name: str, r: dict) -> dict[str, object]:
   """The suite's key numbers, flat (one row each in the report and the comparison table)."""
   if name == "loss":
@@ -63,7 +59,7 @@ def headline(name: str, result: dict) -> str:
 
 
 def load(out_dir: Path) -> dict[str, dict]:
-  return {n: json.loads((out_dir / f"{n}.json").read_text()) for n in ORDER
+  return {n: json.loads((out_dir / f"{n}.json").read_text()) for n in common.SUITES
           if (out_dir / f"{n}.json").is_file()}
 
 
@@ -138,7 +134,7 @@ def compare(workdirs: list[str], out_dir: Path | None = None) -> Path:
   header = ["suite", "metric"] + [f"{n} ({next(iter(r.values()))['variant']})"
                                   for n, r in runs.items()]
   rows = []
-  for suite in ORDER:
+  for suite in common.SUITES:
     keys: list[str] = []
     for r in runs.values():
       if suite in r:
@@ -152,8 +148,8 @@ def compare(workdirs: list[str], out_dir: Path | None = None) -> Path:
   path = out_dir / "compare.md"
   out_dir.mkdir(parents=True, exist_ok=True)
   path.write_text("\n".join(lines))
-  (out_dir / "compare.json").write_text(json.dumps(
-      {n: {s: metrics(s, v) for s, v in r.items()} for n, r in runs.items()}, indent=2) + "\n")
+  common.write_json(out_dir, "compare",
+                    {n: {s: metrics(s, v) for s, v in r.items()} for n, r in runs.items()})
   return path
 
 

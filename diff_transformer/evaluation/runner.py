@@ -7,10 +7,7 @@ from pathlib import Path
 
 from diff_transformer.evaluation import (attention, common, generate, icl, long_context, loss,
                                          needle, outliers, quantization, report)
-from diff_transformer.evaluation.common import EvalError, Settings
-
-SUITES = ("loss", "long_context", "needle", "attention", "outliers", "quantization", "icl",
-          "generate")
+from diff_transformer.evaluation.common import SUITES, EvalError, Settings
 
 
 def parse_suites(text: str) -> list[str]:

@@ -72,7 +72,7 @@ class Decoder(nnx.Module):
   def __call__(self, tokens_BT: Array, positions_BT: Array | None = None,
                segment_ids_BT: Array | None = None, *, capture: bool = False):
     """float32 logits [B, T, V]; with capture=True also per-layer stacked analysis tensors
-    (hidden states, attention inputs, A1/A2/lambda/logits maps), each with a leading L axis."""
+    (hidden states, attention inputs, A1/A2/lambda maps), each with a leading L axis."""
     if positions_BT is None:
       positions_BT = jnp.broadcast_to(jnp.arange(tokens_BT.shape[1]), tokens_BT.shape)
     x_BTD = constrain(self.embed(tokens_BT), ACT)
