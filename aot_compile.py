@@ -29,14 +29,12 @@ FLAGS = flags.FLAGS
 
 def run_one(config, topology: str, per_device_batch: int) -> dict:
   from diff_transformer import aot
-  from diff_transformer.training.mesh import make_mesh
   if per_device_batch:
-    mesh = make_mesh(config.mesh, devices=aot.topology_devices(topology))
-    config.train.global_batch_size = per_device_batch * mesh.shape["data"] * mesh.shape["fsdp"]
+    config.train.global_batch_size = per_device_batch * aot.data_parallel_size_on(config, topology)
   result = aot.compile_train_step(config, topology)
   row = dataclasses.asdict(result)
   if not (result.compiled and result.fits):
-    best, _ = aot.largest_fitting_batch(config, topology, max(1, result.per_device_batch // 2))
+    best = aot.largest_fitting_batch(config, topology, max(1, result.per_device_batch // 2))
     row["largest_fitting_per_device_batch"] = best
   return row
 
@@ -48,8 +46,8 @@ def main(argv):
   try:
     if FLAGS.all_presets:
       from configs import scaling
-      for size in ("830m", "1.4b", "2.8b", "6.8b", "13.1b"):
-        for variant in ("transformer", "diff", "shared_diff", "diff_v2"):
+      for size in scaling.NOMINAL:  # the Table 10 rows
+        for variant in scaling.VARIANTS:
           c = scaling.get_config(f"{variant}-{size}")
           c.mesh.update(config.mesh.to_dict())
           c.model.remat = config.model.remat

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from diff_transformer.config import base_config, ffn_width
+from diff_transformer.config import VARIANTS, base_config, ffn_width
 
 VOCAB = 100_288  # the papers' tokenizer size (cl100k-based)
 
@@ -66,7 +66,6 @@ SHARED_ROWS = {
 }
 SHARED_FFN = {"2.8b": 7680, "3b": 7680}
 
-VARIANTS = ("transformer", "diff", "shared_diff", "diff_v2")
 # Nominal sizes of Table 10 (paper_params must land within 3%). The 3B rows are named by the
 # paper's "3B" but count 3.5B by the paper rule (the 3B text says "about 2.8B"); no check.
 NOMINAL = {"830m": 830e6, "1.4b": 1.4e9, "2.8b": 2.8e9, "6.8b": 6.8e9, "13.1b": 13.1e9}

@@ -48,7 +48,8 @@ def topology_devices(topology: str):
 
 def compile_train_step(config: ml_collections.ConfigDict, topology: str) -> AotResult:
   """Lower and compile Trainer's train step for `topology`; report per-chip memory."""
-  from diff_transformer.training.mesh import check_parallelism, make_mesh
+  from diff_transformer.training.mesh import (batch_sharding, check_parallelism,
+                                              data_parallel_size, make_mesh)
   from diff_transformer.training.step import Trainer
 
   devices = topology_devices(topology)
@@ -56,11 +57,9 @@ def compile_train_step(config: ml_collections.ConfigDict, topology: str) -> AotR
   check_parallelism(config, mesh)
   hbm = HBM_GIB.get(topology.split(":")[0], 0.0)
   seq, batch = config.data.seq_len, config.train.global_batch_size
-  dp = mesh.shape["data"] * mesh.shape["fsdp"]
-  result = AotResult(topology, dict(mesh.shape), batch // dp, seq, compiled=False, fits=False,
+  result = AotResult(topology, dict(mesh.shape), batch // data_parallel_size(mesh), seq, compiled=False, fits=False,
                      hbm_gib=hbm)
   trainer = Trainer(config, mesh)
-  from diff_transformer.training.mesh import batch_sharding
   sharding = batch_sharding(mesh)
   abstract_batch = {k: jax.ShapeDtypeStruct((batch, seq), dtype, sharding=sharding)
                     for k, dtype in (("inputs", jnp.int32), ("targets", jnp.int32),
@@ -85,21 +84,23 @@ def compile_train_step(config: ml_collections.ConfigDict, topology: str) -> AotR
   return result
 
 
+def data_parallel_size_on(config: ml_collections.ConfigDict, topology: str) -> int:
+  """Batch rows per step are global_batch_size / this on `topology` (config.mesh laid out)."""
+  from diff_transformer.training.mesh import data_parallel_size, make_mesh
+  return data_parallel_size(make_mesh(config.mesh, devices=topology_devices(topology)))
+
+
 def largest_fitting_batch(config: ml_collections.ConfigDict, topology: str,
-                          start_per_device: int) -> tuple[int, AotResult | None]:
+                          start_per_device: int) -> int:
   """Halve the per-device batch until the step compiles within HBM (0 if even 1 does not)."""
-  from diff_transformer.training.mesh import make_mesh
-  dp = None
+  dp = data_parallel_size_on(config, topology)
   per_device = start_per_device
   while per_device >= 1:
     c = ml_collections.ConfigDict(config.to_dict())
-    if dp is None:
-      mesh = make_mesh(c.mesh, devices=topology_devices(topology))
-      dp = mesh.shape["data"] * mesh.shape["fsdp"]
     c.train.global_batch_size = per_device * dp
     c.train.micro_batches = 1
     result = compile_train_step(c, topology)
     if result.compiled and result.fits:
-      return per_device, result
+      return per_device
     per_device //= 2
-  return 0, None
+  return 0

@@ -4,20 +4,16 @@ from __future__ import annotations
 
 import collections
 import json
-import math
 import os
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from diff_transformer import params  # noqa: E402
-from diff_transformer.model.spec import ModelSpec  # noqa: E402
-from diff_transformer.sweeps import fit  # noqa: E402
-from diff_transformer.sweeps.definition import Sweep, tokens  # noqa: E402
-from diff_transformer.sweeps.runner import read_summary  # noqa: E402
+from diff_transformer import params
+from diff_transformer.evaluation.common import pyplot
+from diff_transformer.model.spec import ModelSpec
+from diff_transformer.sweeps import fit
+from diff_transformer.sweeps.definition import Sweep, tokens
+from diff_transformer.sweeps.runner import read_summary
 
 
 def collect(sweep: Sweep, root: str) -> list[dict]:
@@ -44,9 +40,8 @@ def fits(rows: list[dict]) -> dict:
   """{'N': {variant: law}, 'D': {...}}; N-fits use the budget most sizes share, D-fits the size
   most budgets share. N counts non-embedding parameters (tiny models are embedding-dominated)."""
   out = {"N": {}, "D": {}}
-  budget, size = _most_common(rows, "budget"), None
-  by_size = collections.Counter(r["size"] for r in rows if r["budget"] != budget)
-  size = by_size.most_common(1)[0][0] if by_size else None
+  budget = _most_common(rows, "budget")
+  size = _most_common([r for r in rows if r["budget"] != budget], "size")
   for variant in sorted({r["variant"] for r in rows}):
     n_rows = [r for r in rows if r["variant"] == variant and r["budget"] == budget]
     d_rows = [r for r in rows if r["variant"] == variant and r["size"] == size]
@@ -77,6 +72,7 @@ def headlines(rows: list[dict], laws: dict) -> list[str]:
 
 def plot(rows: list[dict], laws: dict, key: str, path: str) -> None:
   x_name = "non_embedding_params" if key == "N" else "tokens"
+  plt = pyplot()
   fig, ax = plt.subplots(figsize=(5, 3.6))
   for variant, law in sorted(laws[key].items()):
     sel = sorted((r for r in rows if r["variant"] == variant and
@@ -104,7 +100,7 @@ def write_report(sweep: Sweep, root: str) -> dict:
   result = dict(sweep=sweep.name, points=rows, headlines=lines,
                 fits={k: {v: law.__dict__ for v, law in laws[k].items()} for k in ("N", "D")})
   with open(os.path.join(root, "results.json"), "w") as f:
-    json.dump(result, f, indent=1, default=lambda o: None if isinstance(o, float) and math.isnan(o) else o)
+    json.dump(result, f, indent=1)
   for key in ("N", "D"):
     if laws[key]:
       plot(rows, laws, key, os.path.join(root, f"loss_vs_{key}.png"))

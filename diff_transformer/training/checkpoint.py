@@ -104,10 +104,8 @@ def _flatten(d: dict, prefix: str = "") -> dict:
 
 def check_run_record(workdir: Path, config: ml_collections.ConfigDict, tokenizer) -> None:
   """A resumed run must use the recorded tokenizer and the same model shape."""
-  from diff_transformer.data import assert_compatible
-  record_path = workdir / TOKENIZER_RECORD
-  if record_path.is_file():
-    assert_compatible(json.loads(record_path.read_text()), tokenizer)
+  if (workdir / TOKENIZER_RECORD).is_file():
+    check_tokenizer_record(workdir, tokenizer)
   recorded = read_config(workdir)
   if recorded is not None:
     old, new = _flatten(recorded.model.to_dict()), _flatten(config.model.to_dict())

@@ -138,6 +138,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
       if step % t.log_every == 0 or last or step == start + 1:
         values = jax.device_get(metrics)
         _check_finite(step, values, checkpointer)
+        pending = None
         now = time.perf_counter()
         if window_time is not None:  # the first step (compilation) is not timed
           seconds = (now - window_time) / window_steps
@@ -146,7 +147,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
         lam_L = values.pop("lambda", None)
         if lam_L is not None:
           values |= expand_layers("lambda", lam_L)
-        lam = trainer.lambda_stats(state, batch) if trainer.spec.variant == "diff_v2" else None
+        lam = trainer.lambda_stats(state, batch)
         if lam is not None:
           values |= expand_layers("lambda", jax.device_get(lam))
         values |= dict(perplexity=math.exp(min(float(values["loss"]), 80.0)), **rate)
@@ -162,8 +163,9 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
         window_time, window_steps = time.perf_counter(), 0  # keep evaluation out of the rate
       stopping = stop.agreed()
       if stopping or last or step % t.checkpoint_every == 0:
-        _check_finite(step, jax.device_get(metrics), checkpointer)  # never save a NaN state
-        pending = None
+        if pending is not None:  # never save a NaN state
+          _check_finite(step, jax.device_get(metrics), checkpointer)
+          pending = None
         checkpointer.save(step, state, iterator)
         window_time, window_steps = time.perf_counter(), 0
       if stopping:

@@ -11,10 +11,10 @@ import os
 import jax
 import ml_collections
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
 
 from diff_transformer.config import num_kv_heads
-from diff_transformer.sharding import MESH_AXES
+from diff_transformer.sharding import MESH_AXES, logical_to_spec
 
 
 class TrainError(RuntimeError):
@@ -114,7 +114,7 @@ def check_parallelism(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh
 
 def batch_sharding(mesh: jax.sharding.Mesh) -> NamedSharding:
   """Rows over the data-parallel axes (the 'batch' rule), sequence replicated."""
-  return NamedSharding(mesh, P(("data", "fsdp"), None))
+  return NamedSharding(mesh, logical_to_spec(("batch", "length")))
 
 
 def global_batch(mesh: jax.sharding.Mesh, local_batch: dict[str, np.ndarray]

@@ -84,9 +84,8 @@ class MetricsLogger:
   Only process 0 writes; every process may call it.
   """
 
-  def __init__(self, workdir: Path, total_steps: int, start_step: int, enabled: bool = True):
-    self.enabled = enabled and jax.process_index() == 0
-    self.bar = None
+  def __init__(self, workdir: Path, total_steps: int, start_step: int):
+    self.enabled = jax.process_index() == 0
     if not self.enabled:
       return
     from tensorboardX import SummaryWriter
@@ -120,7 +119,7 @@ class MetricsLogger:
   def print(self, message: str) -> None:
     if not self.enabled:
       return
-    self.bar.write(message) if self.bar is not None else print(message)
+    self.bar.write(message)
 
   def close(self) -> None:
     if not self.enabled:

@@ -26,6 +26,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from diff_transformer.model import build_model
 from diff_transformer.model.spec import ModelSpec
+from diff_transformer.params import abstract_model
 from diff_transformer.sharding import LOGICAL_RULES, constrain, logical_to_spec
 from diff_transformer.training.optim import learning_rate_schedule, make_optimizer
 
@@ -54,7 +55,7 @@ class Trainer:
     self.schedule = learning_rate_schedule(config.train)
     self.micro_batches = int(config.train.micro_batches)
     self.z_loss = float(config.train.z_loss)
-    abstract = nnx.eval_shape(lambda: build_model(self.spec, nnx.Rngs(0)))
+    abstract = abstract_model(self.spec)
     self.graphdef, abs_params, _ = nnx.split(abstract, nnx.Param, ...)
     # The logical names straight from each variable's metadata (nnx.get_partition_spec would
     # already apply whatever rules context the caller is in).
