@@ -30,6 +30,8 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from diff_transformer.aot import topology_devices  # noqa: E402
+from diff_transformer.errors import first_line  # noqa: E402
 from diff_transformer.kernels import reference, xla  # noqa: E402
 from diff_transformer.kernels.pallas import attention as pallas_attention  # noqa: E402
 
@@ -98,10 +100,8 @@ def cpu_rows(lengths, caps: dict, repeats: int) -> list[dict]:
 
 
 def tpu_rows(lengths) -> list[dict]:
-  from jax.experimental import topologies
   from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-  topo = topologies.get_topology_desc(platform="tpu", topology_name="v5e:2x2")
-  mesh = Mesh(np.array(topo.devices[:1]), ("x",))
+  mesh = Mesh(np.array(topology_devices("v5e:2x2")[:1]), ("x",))
   paths = {"xla": xla.attention,
            "pallas": lambda *a, **k: pallas_attention(*a, backend="tpu", interpret=False, **k)}
   rows = []
@@ -120,7 +120,7 @@ def tpu_rows(lengths) -> list[dict]:
             with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
               row[f"{name}_temp_mib"] = round(temp_mib(f, xs), 1)
           except Exception as e:  # e.g. the program does not fit HBM
-            row[f"{name}_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+            row[f"{name}_error"] = f"{type(e).__name__}: {first_line(e)}"
         rows.append(row)
         print(json.dumps(row), flush=True)
   return rows

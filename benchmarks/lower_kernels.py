@@ -110,9 +110,8 @@ def _attempt(row: dict, work) -> dict:
 
 
 def tpu_topology_mesh(topology: str = "v5e:2x2", shape=(2, 2)):
-  from jax.experimental import topologies
-  topo = topologies.get_topology_desc(platform="tpu", topology_name=topology)
-  return jax.sharding.Mesh(np.array(topo.devices).reshape(shape), ("data", "model"))
+  from diff_transformer.aot import topology_devices
+  return jax.sharding.Mesh(np.array(topology_devices(topology)).reshape(shape), ("data", "model"))
 
 
 def aot_all(T: int = 2048, topology: str = "v5e:2x2") -> list[dict]:

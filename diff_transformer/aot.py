@@ -13,6 +13,8 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from diff_transformer.errors import first_line
+
 # HBM per chip in GiB, by topology prefix.
 HBM_GIB = {"v4": 32.0, "v5e": 16.0, "v5p": 95.0, "v6e": 32.0}
 GIB = 1024 ** 3
@@ -41,8 +43,7 @@ def topology_devices(topology: str):
     from jax.experimental import topologies
     return topologies.get_topology_desc(platform="tpu", topology_name=topology).devices
   except Exception as e:  # noqa: BLE001 - libtpu missing or an unknown name: one clear line
-    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    raise RuntimeError(f"--topology: cannot get TPU topology '{topology}' ({first}); install the "
+    raise RuntimeError(f"--topology: cannot get TPU topology '{topology}' ({first_line(e)}); install the "
                        "tpu extra (pip install -e '.[tpu]') and use names like v5e:2x2, v5p:4x4x4")
 
 
@@ -69,8 +70,7 @@ def compile_train_step(config: ml_collections.ConfigDict, topology: str) -> AotR
     with trainer._context():
       compiled = trainer._train_step.lower(trainer.abstract_state, abstract_batch).compile()
   except Exception as e:  # noqa: BLE001 - out-of-memory and other compile errors are results
-    lines = [l for l in str(e).strip().splitlines() if l.strip()]
-    result.error = lines[0][:300] if lines else type(e).__name__
+    result.error = first_line(e)
     return result
   mem = compiled.memory_analysis()
   result.compiled = True

@@ -8,11 +8,11 @@ import sys
 from absl import flags
 
 from diff_transformer.config import ConfigError, validate
+from diff_transformer.errors import last_line
 
 
 def _one_line(e: Exception) -> str:
-  lines = [l.strip() for l in str(e).strip().splitlines() if l.strip()]
-  message = lines[-1] if lines else type(e).__name__
+  message = last_line(e)
   if isinstance(e, (AttributeError, KeyError)):
     message = f"unknown config key {message} (known keys: diff_transformer/config.py)"
   return message

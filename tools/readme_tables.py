@@ -1,7 +1,8 @@
-"""Regenerates the README's generated blocks (preset parameter table): `python tools/readme_tables.py`.
+"""Regenerates the README's generated blocks: `python tools/readme_tables.py`.
 
-tests/test_readme.py fails when the README's block differs from what this prints, so the table
-is always the code's count, never typed by hand.
+The preset table is the code's parameter count; the other blocks render measured results
+(benchmarks/results/*.json, docs/results/ as copied by tools/collect_results.sh).
+tests/test_readme.py fails when a block differs from what this renders, so none is typed by hand.
 """
 from __future__ import annotations
 
@@ -9,14 +10,15 @@ import os
 import re
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from configs import scaling  # noqa: E402
 from diff_transformer import params  # noqa: E402
 from diff_transformer.model.spec import ModelSpec  # noqa: E402
 
-README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
+README = os.path.join(ROOT, "README.md")
 
 
 def preset_table() -> str:
@@ -32,7 +34,7 @@ def preset_table() -> str:
   return "\n".join(rows)
 
 
-RESULTS = os.path.join(os.path.dirname(README), "benchmarks", "results")
+RESULTS = os.path.join(ROOT, "benchmarks", "results")
 
 
 def _load(name: str):
@@ -105,7 +107,7 @@ def throughput_table() -> str:
 
 
 def _text(relative: str, missing: str) -> str:
-  path = os.path.join(os.path.dirname(README), relative)
+  path = os.path.join(ROOT, relative)
   if not os.path.exists(path):
     return missing
   with open(path) as f:
@@ -122,8 +124,7 @@ def sweep_report() -> str:
   body = _text("docs/results/sweep_cpu/report.md",
                "(not run yet: python sweep.py --sweep=configs/sweeps/cpu.py)")
   plots = [f"![{n}](docs/results/sweep_cpu/{n}.png)" for n in ("loss_vs_N", "loss_vs_D")
-           if os.path.exists(os.path.join(os.path.dirname(README), "docs/results/sweep_cpu",
-                                          f"{n}.png"))]
+           if os.path.exists(os.path.join(ROOT, "docs/results/sweep_cpu", f"{n}.png"))]
   return body + ("\n\n" + " ".join(plots) if plots else "")
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from diff_transformer.evaluation import (attention, common, generate, icl, long_context, loss,
                                          needle, outliers, quantization, report)
 from diff_transformer.evaluation.common import SUITES, EvalError, Settings
+from diff_transformer.errors import last_line
 
 
 def parse_suites(text: str) -> list[str]:
@@ -33,7 +34,7 @@ class Run:
     try:
       self.model, self.config, self.step = restore_model(self.workdir, step=step, mesh=mesh)
     except (TrainError, DataError, OSError, ValueError) as e:
-      raise EvalError(_one_line(e)) from e
+      raise EvalError(last_line(e)) from e
     self.out_dir = self.workdir / "eval"
     self.context = common.check_context(
         self.model, self.settings.context_len or self.model.spec.max_seq_len, "--context_len")
@@ -50,7 +51,7 @@ class Run:
       ds = load_dataset(self.config.data, seq_len=self.context)
       check_tokenizer_record(self.workdir, ds.tokenizer)
     except (DataError, OSError, RuntimeError) as e:
-      raise EvalError(_one_line(e)) from e
+      raise EvalError(last_line(e)) from e
     return ds
 
   @property
@@ -70,11 +71,6 @@ class Run:
   def documents(self) -> list[tuple[str, str]]:
     names = self.dataset.metadata["splits"]["val"]["document_names"]
     return list(zip(names, self.heldout_texts))
-
-
-def _one_line(e: BaseException) -> str:
-  lines = [l.strip() for l in str(e).strip().splitlines() if l.strip()]
-  return lines[-1] if lines else type(e).__name__
 
 
 def run_suite(run: Run, name: str) -> dict:

@@ -30,6 +30,7 @@ import ml_collections
 import orbax.checkpoint as ocp
 
 from diff_transformer.config import validate
+from diff_transformer.errors import message_lines
 from diff_transformer.training.mesh import TrainError
 from diff_transformer.training.step import State, Trainer, fingerprint
 
@@ -39,7 +40,7 @@ TOKENIZER_COPY = "tokenizer.json"
 
 
 def _one_line(e: BaseException) -> str:
-  lines = [l.strip() for l in str(e).strip().splitlines() if l.strip()]
+  lines = message_lines(e)
   first = lines[0].split(" See full TensorStore details")[0][:200] if lines else ""
   return f"{type(e).__name__}: {first}" if first else type(e).__name__
 
