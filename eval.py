@@ -89,7 +89,7 @@ def main(argv):
     if len(argv) > 1:
       raise EvalError(f"unexpected arguments {' '.join(argv[1:])} (runs to compare need "
                       "--compare)")
-    suites = parse_suites(FLAGS.suites)
+    suites = parse_suites(FLAGS.suites, task=None)  # which apply: known once it is restored
     settings = Settings.for_mode(
         FLAGS.quick, **{name: FLAGS[name].value for name in _SETTINGS_FLAGS},
         needle_lengths=_ints(FLAGS.needle_lengths, "needle_lengths"),

@@ -52,7 +52,7 @@ def variant_config(variant: str, args, ffn_dim: int):
   D, d = args.d_model, args.head_dim
   m.variant, m.d_model, m.num_layers, m.head_dim, m.ffn_dim = variant, D, args.layers, d, ffn_dim
   m.vocab_size, m.max_seq_len = args.vocab, args.seq_len
-  m.num_heads = D // d if variant in ("transformer", "diff_v2") else D // (2 * d)
+  m.num_heads = params_lib.heads_for(variant, D, d)
   m.rank = args.rank
   c.data.seq_len = args.seq_len
   c.train.global_batch_size = args.batch
@@ -65,10 +65,7 @@ def param_count(config) -> int:
 
 def matched_config(variant: str, args, target: int):
   """The variant with the SwiGLU width that brings its parameter count closest to `target`."""
-  base = variant_config(variant, args, args.ffn_dim)
-  per_column = 3 * args.d_model * args.layers  # gate, up and down of one FFN column
-  ffn = args.ffn_dim + round((target - param_count(base)) / per_column)
-  return variant_config(variant, args, ffn)
+  return validate(params_lib.match_ffn(variant_config(variant, args, args.ffn_dim), target))
 
 
 def synthetic_batch(args, seed: int = 0) -> dict[str, np.ndarray]:

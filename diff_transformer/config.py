@@ -11,6 +11,7 @@ VARIANTS = ("transformer", "diff", "shared_diff", "diff_v2")
 KERNELS = ("reference", "xla", "pallas")
 REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
 DTYPES = ("float32", "bfloat16")
+SYNTHETIC_TASKS = ("mqar", "needle")
 
 
 class ConfigError(ValueError):
@@ -52,7 +53,29 @@ def model_config() -> ml_collections.ConfigDict:
   # DIFF V2 ablations.
   c.v2_pairing = "interleaved"  # interleaved (even/odd, shares K/V) or halves (crosses groups)
   c.v2_lambda = "sigmoid"  # sigmoid, none (o1 - o2), linear (lambda without sigmoid)
+  # Short causal depthwise convolution of this width on every block's attention input
+  # (x + conv(x), before the variant's projections; the Zoology/Based associative-recall
+  # recipe). 0 = off. Same for every variant, so comparisons stay fair.
+  c.short_conv = 0
   return c
+
+
+def task_config() -> ml_collections.ConfigDict:
+  """Synthetic task parameters (data.name = mqar | needle; data/synthetic.py)."""
+  return ml_collections.ConfigDict(dict(
+      vocab_size=256,  # ids the task uses (<= model.vocab_size); pools split what is left of 4 specials
+      compositional=True,  # mqar: two-token keys on a g x g grid (False: plain single-token keys)
+      num_keys=4,  # mqar: g (g*g stored pairs) when compositional, else the stored pairs
+      num_queries=8,  # mqar: stored pairs asked per row (a strict subset)
+      query_power=0.1,  # mqar: query slot i drawn with weight (i + 1)^(power - 1) (Zoology's gaps)
+      needles=4,  # needle: real needles per row
+      asked=2,  # needle: needles asked at the end
+      distractors=0,  # needle: extra needles sharing the first key token of an asked needle
+      depth_min=0.0,  # needle: needles start within this fraction band of the haystack
+      depth_max=1.0,
+      filler="random",  # needle: haystack tokens (random ids from the filler pool)
+      heldout_buckets=16,  # 1 / this of the content-hash space is the eval split
+  ))
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -60,7 +83,9 @@ def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.model = model_config()
   c.data = ml_collections.ConfigDict(dict(
-      name="shakespeare",  # built-in corpus, or "prepared" with `path` from prepare_data.py
+      # built-in corpus "shakespeare", "prepared" (`path` from prepare_data.py), or a synthetic
+      # task "mqar" / "needle" (parameters in data.task)
+      name="shakespeare",
       path="",  # directory written by prepare_data.py (name="prepared")
       tokenizer="bpe",  # bpe (trained offline on the corpus) or byte
       bpe_vocab_size=8192,
@@ -70,6 +95,7 @@ def base_config() -> ml_collections.ConfigDict:
       seed=0,
       val_fraction=0.05,
   ))
+  c.data.task = task_config()
   c.train = ml_collections.ConfigDict(dict(
       steps=1000,
       global_batch_size=32,
@@ -153,7 +179,18 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     _fail("model.rope_pairs", f"'{m.rope_pairs}' is not one of interleaved, half")
   if m.lambda_init is not None and not 0.0 <= m.lambda_init < 1.0:
     _fail("model.lambda_init", f"must be in [0, 1) or None (layer-dependent), got {m.lambda_init}")
+  if m.short_conv < 0:
+    _fail("model.short_conv", f"must be >= 0 (0 = off), got {m.short_conv}")
   d, t = config.data, config.train
+  if d.name in SYNTHETIC_TASKS:
+    if d.task.vocab_size > m.vocab_size:
+      _fail("data.task.vocab_size", f"{d.task.vocab_size} exceeds model.vocab_size = "
+            f"{m.vocab_size}")
+    from diff_transformer.data.synthetic import task_spec  # numpy only; data imports config
+    try:
+      task_spec(d)
+    except ValueError as e:
+      raise ConfigError(str(e)) from None
   if d.seq_len <= 0 or d.seq_len > m.max_seq_len:
     _fail("data.seq_len", f"must be in [1, model.max_seq_len = {m.max_seq_len}], got {d.seq_len}")
   for name in ("steps", "global_batch_size", "micro_batches"):

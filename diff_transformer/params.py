@@ -6,9 +6,11 @@ matrix, whether or not the LM head is tied.
 from __future__ import annotations
 
 import collections
+import copy
 import math
 
 import jax
+import ml_collections
 from flax import nnx
 
 from diff_transformer.model import build_model
@@ -53,3 +55,40 @@ def format_table(counts: dict, num_layers: int) -> str:
   for key in ("params", "non_embedding_params", "paper_params"):
     rows.append(f"{key:<34}{counts[key]:>16,}")
   return "\n".join(rows)
+
+
+def heads_for(variant: str, d_model: int, head_dim: int) -> int:
+  """The papers' head rule at equal D and head width d: DIFF V1 / Shared DIFF have h = D / 2d
+  differential heads; the parameter-matched Transformer 2h = D / d heads; DIFF V2 h = D / d
+  output heads (2h query heads)."""
+  return d_model // (2 * head_dim) if variant in ("diff", "shared_diff") else d_model // head_dim
+
+
+def match_ffn(config: ml_collections.ConfigDict, target_params: int
+              ) -> ml_collections.ConfigDict:
+  """A copy of `config` whose SwiGLU width brings its total parameter count closest to
+  `target_params` (within one FFN column per layer): how variants are parameter-matched to the
+  Transformer in the benchmarks, sweeps and studies."""
+  config = copy.deepcopy(config)
+  m = config.model
+  have = count(ModelSpec.from_config(m))["params"]
+  per_column = 3 * m.d_model * m.num_layers  # gate, up and down of one FFN column
+  m.ffn_dim = max(1, m.ffn_dim + round((target_params - have) / per_column))
+  return config
+
+
+def matched_variant(config: ml_collections.ConfigDict, variant: str,
+                    rank: int = 0) -> ml_collections.ConfigDict:
+  """`config` (any variant) turned into `variant` at the same D, depth, head width and
+  vocabulary, with heads by `heads_for` and parameters matched to the Transformer's."""
+  base = copy.deepcopy(config)
+  m = base.model
+  m.variant, m.num_heads, m.rank = "transformer", heads_for("transformer", m.d_model,
+                                                           m.head_dim), 0
+  target = count(ModelSpec.from_config(m))["params"]
+  out = copy.deepcopy(base)
+  out.model.variant = variant
+  out.model.num_heads = heads_for(variant, m.d_model, m.head_dim)
+  if variant == "shared_diff":
+    out.model.rank = rank
+  return out if variant == "transformer" else match_ffn(out, target)

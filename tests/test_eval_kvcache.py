@@ -18,6 +18,9 @@ CASES = {
     "shared_diff_gqa": dict(variant="shared_diff", num_heads=2, num_kv_heads=1, head_dim=16,
                             rank=4),
     "diff_v2_gqa": dict(variant="diff_v2", num_heads=4, num_kv_heads=2, head_dim=16),
+    # model.short_conv keeps the last inputs per row in the cache (ragged prefill included).
+    "diff_short_conv": dict(variant="diff", num_heads=2, num_kv_heads=1, head_dim=16,
+                            short_conv=3),
 }
 
 

@@ -38,3 +38,22 @@ def test_headline_when_the_transformer_never_reaches_the_loss():
   ratio = fit.matching_ratio(transformer, 1e9, 1.9)
   assert ratio["matched_x"] == float("inf")
   assert "below the Transformer fit's floor" in fit.headline("diff_v2", 1e9, ratio)
+
+
+def test_headline_refuses_an_unsupported_fit():
+  n = np.geomspace(1e5, 3e6, 4)
+  good = fit.fit_power_law(n, 2.0 + 300 * n ** -0.3)
+  ratio = fit.matching_ratio(good, 3e6, float(good(2e6)))
+  assert "matches Transformer" in fit.headline("diff", 3e6, ratio, reference=good)
+  # Far outside the measured range: said, not extrapolated.
+  far = fit.matching_ratio(good, 3e6, float(good(1e9)))
+  assert "more than 10x outside the measured range" in fit.headline("diff", 3e6, far,
+                                                                     reference=good)
+  # Noise without a trend: a poor or undetermined fit gives no number.
+  rng = np.random.default_rng(1)
+  noisy = fit.fit_power_law(n, 3.0 + rng.normal(0, 0.05, n.shape))
+  text = fit.headline("diff", 3e6, fit.matching_ratio(noisy, 3e6, 3.0), reference=noisy)
+  assert "not meaningful" in text and "%" not in text
+  three = fit.fit_power_law(n[:3], 2.0 + 300 * n[:3] ** -0.3)
+  assert "3 points for 3 parameters" in fit.headline(
+      "diff", 1e6, fit.matching_ratio(three, 1e6, 2.5), reference=three)

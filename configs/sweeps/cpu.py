@@ -7,6 +7,7 @@ for the middle size (the L(D) fit). Tiny models need not show the papers' effect
     python sweep.py --sweep=configs/sweeps/cpu.py --root=runs/sweeps/cpu
 """
 from configs import default
+from diff_transformer.params import heads_for
 from diff_transformer.sweeps.definition import Sweep
 
 SIZES = {"xs": (64, 2), "s": (128, 2), "m": (192, 3), "l": (256, 4)}  # D, layers
@@ -17,7 +18,7 @@ def size(d_model: int, layers: int):
     c = default.get_config()
     m = c.model
     m.variant, m.d_model, m.num_layers, m.head_dim = variant, d_model, layers, 32
-    m.num_heads = d_model // 64 if variant in ("diff", "shared_diff") else d_model // 32
+    m.num_heads = heads_for(variant, d_model, 32)
     m.ffn_dim = (8 * d_model // 3 + 63) // 64 * 64
     m.rank = 16 if variant == "shared_diff" else 0
     m.max_seq_len = c.data.seq_len = 128

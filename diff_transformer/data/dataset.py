@@ -8,12 +8,12 @@ from pathlib import Path
 import ml_collections
 import numpy as np
 
-from diff_transformer.data import corpus
+from diff_transformer.data import corpus, synthetic
 from diff_transformer.data.common import DataError, cache_root
 from diff_transformer.data.prepare import SPLITS, prepare_documents, read_metadata
 from diff_transformer.data.tokenizer import Tokenizer, check_name, load_tokenizer
 
-DATASETS = ("shakespeare", "prepared")
+DATASETS = ("shakespeare", "prepared") + synthetic.TASKS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +44,33 @@ class Dataset:
     """Each document's tokens without the eot framing."""
     toks, off = self.tokens(split), self.offsets(split)
     return [np.asarray(toks[a + 1:b], np.int32) for a, b in zip(off[:-1], off[1:])]
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskDataset:
+  """A synthetic task (data/synthetic.py) in place of a prepared directory: rows come from
+  synthetic.generate, the 'tokenizer' is the task's id layout."""
+  spec: synthetic.TaskSpec
+  tokenizer: synthetic.TaskTokenizer
+  seq_len: int
+
+  @property
+  def path(self) -> Path:
+    return Path(f"synthetic:{self.spec.name}")
+
+  @property
+  def metadata(self) -> dict:
+    # A model that ignores the context can at best spread the answer over the value pool.
+    values = self.spec.pools()["value"][1]
+    return dict(task=self.spec.describe(), unigram_entropy_nats=float(np.log(values)))
+
+  @property
+  def vocab_size(self) -> int:
+    return self.tokenizer.vocab_size
+
+  @property
+  def eot_id(self) -> int:
+    return self.tokenizer.eot_id
 
 
 @functools.lru_cache(maxsize=16)
@@ -81,7 +108,11 @@ def load_dataset(data_config: ml_collections.ConfigDict, *, seq_len: int | None 
   """Opens (fetching/preparing the built-in corpus if needed) the data config.data describes.
 
   seq_len defaults to config.data.seq_len; the iterators use the dataset's seq_len.
+  Synthetic tasks (data.name = mqar | needle) give a TaskDataset.
   """
+  if data_config.name in synthetic.TASKS:
+    spec = synthetic.task_spec(data_config, seq_len)
+    return TaskDataset(spec=spec, tokenizer=synthetic.TaskTokenizer(spec), seq_len=spec.seq_len)
   path = _prepared_dir(data_config)
   meta = read_metadata(path)
   recorded = meta["tokenizer"]

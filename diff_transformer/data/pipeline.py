@@ -17,6 +17,7 @@ Attention must be causal *and* restricted to equal, nonzero segment_ids.
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -24,14 +25,30 @@ import grain
 import ml_collections
 import numpy as np
 
+from diff_transformer.data import synthetic
 from diff_transformer.data.common import DataError
-from diff_transformer.data.dataset import Dataset
+from diff_transformer.data.dataset import Dataset, TaskDataset
 
 PACKINGS = ("concat", "first_fit")
 FIELDS = ("inputs", "targets", "segment_ids", "positions", "weights")
 # Reading a chunk is a memmap slice (microseconds): a couple of threads keep ahead of any
 # training step without competing with JAX for the few cores of a CPU host.
 _READ = grain.ReadOptions(num_threads=2, prefetch_buffer_size=64)
+# A synthetic task's validation set when the caller names no size (its stream has no end).
+TASK_VAL_BATCHES = 16
+
+
+def _task_batches(dataset: TaskDataset, split: str, seed: int, local: int, process_index: int,
+                  process_count: int) -> grain.IterDataset:
+  """Batch i is synthetic.generate(split, seed, i) of the global batch; each process keeps its
+  rows, so the global batch is the same for any process count."""
+  def make(index: int) -> dict[str, np.ndarray]:
+    rows = synthetic.to_batch(synthetic.generate(dataset.spec, split, seed, index,
+                                                 local * process_count))
+    return {k: v[process_index * local:(process_index + 1) * local] for k, v in rows.items()}
+
+  return grain.MapDataset.range(0, 1 << 40).map(make).to_iter_dataset(
+      grain.ReadOptions(num_threads=1, prefetch_buffer_size=4))
 
 
 def chunk_table(offsets: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
@@ -128,6 +145,11 @@ def train_iterator(dataset: Dataset, data_config: ml_collections.ConfigDict,
                     f"of the process count {process_count}")
   local = global_batch_size // process_count
   seed = int(data_config.seed if seed is None else seed)
+  if isinstance(dataset, TaskDataset):
+    batches = _task_batches(dataset, "train", seed, local, process_index, process_count)
+    if num_epochs is not None:
+      raise DataError("num_epochs: synthetic tasks are an endless stream; leave it unset")
+    return JsonStateIterator(iter(batches))
   rows = _rows(dataset, "train", data_config.packing, seed=seed, shuffle=True,
                num_epochs=num_epochs, process_index=process_index,
                process_count=process_count, num_bins=max(local, 8))
@@ -169,12 +191,18 @@ def validation_batches(dataset: Dataset, data_config: ml_collections.ConfigDict,
 
   `batch_size` is global: every process walks the same global rows and yields its
   [batch_size // process_count] slice, so all processes yield the same number of batches.
-  The last batch is filled with padding rows (weights 0).
+  The last batch is filled with padding rows (weights 0). Synthetic tasks: `num_batches`
+  batches (default TASK_VAL_BATCHES) of the task's eval split.
   """
   if batch_size <= 0 or batch_size % process_count:
     raise DataError(f"validation batch size {batch_size} must be a positive multiple of the "
                     f"process count {process_count}")
   local = batch_size // process_count
+  if isinstance(dataset, TaskDataset):
+    batches = _task_batches(dataset, "val", int(data_config.seed), local, process_index,
+                            process_count)
+    yield from itertools.islice(batches, num_batches or TASK_VAL_BATCHES)
+    return
   rows = _rows(dataset, "val", data_config.packing, seed=0, shuffle=False, num_epochs=1,
                process_index=0, process_count=1, num_bins=max(batch_size, 8))
   batches = rows.batch(batch_size, batch_fn=functools.partial(_stack, size=batch_size))

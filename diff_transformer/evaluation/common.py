@@ -20,8 +20,10 @@ class EvalError(ValueError):
   """Bad evaluation input; the message is one line naming the flag, path or limit."""
 
 
-SUITES = ("loss", "long_context", "needle", "attention", "outliers", "quantization", "icl",
+SUITES = ("task", "loss", "long_context", "needle", "attention", "outliers", "quantization", "icl",
           "generate")  # also the order of the report's sections
+# What a run trained on a synthetic task can be asked (its data has no text).
+TASK_SUITES = ("task", "attention", "loss", "outliers")
 
 
 @dataclasses.dataclass
@@ -49,12 +51,15 @@ class Settings:
   max_new_tokens: int = 64
   temperature: float = 0.8
   top_k: int = 40
+  task_rows: int = 512  # eval-split rows per task slice
+  task_attention_rows: int = 32  # rows for the attention suite on a synthetic task
 
   @classmethod
   def for_mode(cls, quick: bool, **overrides) -> "Settings":
     base = cls(quick=True, val_batches=4, long_docs=4, needle_configs=((1, 1), (4, 2)),
                needle_samples=2, attention_samples=2, quant_val_batches=2,
-               quant_needle_samples=2, icl_test=16, icl_permutations=3, max_new_tokens=24
+               quant_needle_samples=2, icl_test=16, icl_permutations=3, max_new_tokens=24,
+               task_rows=128, task_attention_rows=8
                ) if quick else cls()
     return dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})
 

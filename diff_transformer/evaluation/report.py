@@ -18,8 +18,15 @@ def metrics(name: str, r: dict) -> dict[str, object]:
     return {f"cum. NLL @{p}": v for p, v in r["cumulative_at"].items()}
   if name == "needle":
     return {f"accuracy {cfg}": v for cfg, v in r["mean_accuracy"].items()}
+  if name == "task":
+    return {"accuracy (trained)": r["accuracy"], "chance": r["chance"],
+            "first-query accuracy": r["by_query"][0],
+            **{f"accuracy {k}": v["accuracy"] for k, v in r["slices"].items()
+               if not k.startswith("trained")}}
   if name == "attention":
-    return {f"{k} share (mean)": r["averaged"][k] for k in ("answer", "noise", "other_needles")}
+    spans = ("answer", "distractors", "noise") if "task" in r else ("answer", "noise",
+                                                                     "other_needles")
+    return {f"{k} share (mean)": r["averaged"][k] for k in spans}
   if name == "outliers":
     o = r["overall"]
     return {"logit top-1": o["attention_logits"]["top1"],
@@ -77,6 +84,16 @@ def _details(name: str, r: dict) -> list[str]:
       lines += _table(["length"] + [f"depth {float(d):.0%}" for d in depths],
                       [[L] + [per_len[L][d] for d in depths] for L in per_len]) + [""]
     return lines + [f"Protocol: {r['protocol']}."]
+  if name == "task":
+    rows = [[k, v["accuracy"], v["chance"], " ".join(f"{a:.2f}" for a in v["by_query"])]
+            for k, v in r["slices"].items()]
+    return (_table(["slice", "accuracy", "chance", "accuracy by query position"], rows) +
+            ["", f"{next(iter(r['slices'].values()))['rows']} eval-split rows per slice; "
+             "chance = copying a random stored value."])
+  if name == "attention" and "task" in r:
+    rows = [[layer] + [t[k] for k in t] for layer, t in r["by_layer"].items()]
+    return (_table(["layer", *next(iter(r["by_layer"].values()))], rows) +
+            ["", f"Map: {r['map']}. {r['rows']} rows. Normalisation: {r['normalisation']}"])
   if name == "attention":
     rows = [[f"{float(d):.0%}", t["mean"]["answer"], t["mean"]["noise"],
              t["mean"]["other_needles"]] for d, t in r["by_depth"].items()]

@@ -5,19 +5,31 @@ import functools
 import time
 from pathlib import Path
 
+from diff_transformer.data import synthetic
 from diff_transformer.evaluation import (attention, common, generate, icl, long_context, loss,
-                                         needle, outliers, quantization, report)
-from diff_transformer.evaluation.common import SUITES, EvalError, Settings
+                                         needle, outliers, quantization, report, tasks)
+from diff_transformer.evaluation.common import SUITES, TASK_SUITES, EvalError, Settings
 from diff_transformer.errors import last_line
 
 
-def parse_suites(text: str) -> list[str]:
+def parse_suites(text: str, task: bool | None = False) -> list[str]:
+  """The suites named in `text` ("all": every suite that applies; a synthetic-task run has no
+  text, so it takes TASK_SUITES, a text run everything but `task`). task=None checks only that
+  the names exist (before the run is restored)."""
   names = [s.strip() for s in text.split(",") if s.strip()]
-  if not names or names == ["all"]:
-    return list(SUITES)
-  unknown = [s for s in names if s not in SUITES]
+  unknown = [s for s in names if s not in SUITES + ("all",)]
   if unknown:
     raise EvalError(f"--suites: unknown suite '{unknown[0]}'; choose from {', '.join(SUITES)}")
+  if task is None:
+    return names
+  allowed = TASK_SUITES if task else tuple(s for s in SUITES if s != "task")
+  if not names or names == ["all"]:
+    return list(allowed)
+  wrong = [s for s in names if s not in allowed]
+  if wrong:
+    kind = "a synthetic-task run" if task else "a text run"
+    raise EvalError(f"--suites: '{wrong[0]}' does not apply to {kind}; choose from "
+                    f"{', '.join(allowed)}")
   return names
 
 
@@ -43,12 +55,30 @@ class Run:
   def fns(self) -> common.Fns:
     return common.Fns(self.model)
 
+  @property
+  def is_task(self) -> bool:
+    return self.config.data.name in synthetic.TASKS
+
+  @functools.cached_property
+  def task(self) -> synthetic.TaskSpec:
+    """The synthetic task the run trained on (data.task with the trained seq_len)."""
+    try:
+      return synthetic.task_spec(self.config.data)
+    except ValueError as e:
+      raise EvalError(last_line(e)) from e
+
+  def forward(self, tokens_BT, *, maps: bool = False):
+    """float32 logits [B, T, V] of the restored model; with maps=True also the per-layer
+    analysis tensors (hidden states, attention inputs, A1/A2/lambda maps; leading L axis)."""
+    return self.fns.capture(tokens_BT) if maps else self.fns.logits(tokens_BT)
+
   @functools.cached_property
   def dataset(self):
     from diff_transformer.data import DataError, load_dataset
     from diff_transformer.training.checkpoint import check_tokenizer_record
     try:
-      ds = load_dataset(self.config.data, seq_len=self.context)
+      # A task's rows keep their trained length (the task suite varies it per slice).
+      ds = load_dataset(self.config.data, seq_len=None if self.is_task else self.context)
       check_tokenizer_record(self.workdir, ds.tokenizer)
     except (DataError, OSError, RuntimeError) as e:
       raise EvalError(last_line(e)) from e
@@ -75,6 +105,10 @@ class Run:
 
 def run_suite(run: Run, name: str) -> dict:
   s, out = run.settings, run.out_dir
+  if name == "task":
+    return tasks.run_task(run.fns, run.task, s, out)
+  if name == "attention" and run.is_task:
+    return tasks.run_attention(run.fns, run.task, s, out)
   if name == "loss":
     return loss.run(run.fns, run.val_batches(s.val_batches), s, out)
   if name == "long_context":
@@ -100,6 +134,7 @@ def evaluate(workdir: str | Path, suites: list[str], *, step: int | None = None,
              settings: Settings | None = None) -> dict[str, dict]:
   """Runs the suites on a run's checkpoint; returns {suite: result} and writes the files."""
   run = Run(workdir, step, mesh, settings)
+  suites = parse_suites(",".join(suites), task=run.is_task)
   spec = run.model.spec
   print(f"Evaluating {run.workdir} at step {run.step}: {spec.variant}, D={spec.d_model}, "
         f"L={spec.num_layers}, max_seq_len={spec.max_seq_len}"

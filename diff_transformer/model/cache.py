@@ -4,7 +4,8 @@ Per layer and token the cache holds the keys and values the kernel reads:
 - transformer, diff_v2: h_kv keys of width d and h_kv values of width d;
 - diff, shared_diff: 2 h_kv keys of width d ([K1; K2] along the head axis) and h_kv values of
   width 2d.
-Arrays carry a leading layer axis (the decoder scans its stacked blocks). `lengths[b]` is how many
+With model.short_conv = W > 0 it also keeps each row's last W - 1 attention inputs per layer
+(`conv`), so the convolution decodes exactly. Arrays carry a leading layer axis (the decoder scans its stacked blocks). `lengths[b]` is how many
 positions of row b are filled; a decode call writes its T tokens at lengths[b] .. lengths[b]+T-1
 and each query attends to the filled positions up to itself, so rows may hold prompts of
 different lengths (right-padded prefill: pass the true lengths and the padding is overwritten).
@@ -26,6 +27,9 @@ class KVCache:
   k: Array  # [L, B, S, cached key heads, d]
   v: Array  # [L, B, S, h_kv, value width]
   lengths: Array  # int32 [B]: filled positions per row
+  # [L, B, short_conv - 1, D]: the last attention inputs of each row for model.short_conv
+  # (width 0 when the model has no short convolution).
+  conv: Array
 
   @property
   def max_len(self) -> int:
@@ -46,9 +50,12 @@ def layout(spec) -> tuple[tuple[int, int], tuple[int, int]]:
 def init(spec, batch: int, max_len: int) -> KVCache:
   (kh, kw), (vh, vw) = layout(spec)
   shape = (spec.num_layers, batch, max_len)
+  conv_width = max(spec.short_conv - 1, 0)
   return KVCache(k=jnp.zeros(shape + (kh, kw), spec.compute_dtype),
                  v=jnp.zeros(shape + (vh, vw), spec.compute_dtype),
-                 lengths=jnp.zeros((batch,), jnp.int32))
+                 lengths=jnp.zeros((batch,), jnp.int32),
+                 conv=jnp.zeros((spec.num_layers, batch, conv_width, spec.d_model),
+                                spec.compute_dtype))
 
 
 def write(cache_BSKH: Array, new_BTKH: Array, start_B: Array) -> Array:

@@ -7,7 +7,7 @@ from flax import nnx
 
 from diff_transformer.model import cache as kv_cache
 from diff_transformer.model.attention import VARIANTS
-from diff_transformer.model.layers import RMSNorm, SwiGLU, dense
+from diff_transformer.model.layers import RMSNorm, ShortConv, SwiGLU, dense
 from diff_transformer.model.spec import ModelSpec
 from diff_transformer.sharding import constrain
 
@@ -16,10 +16,12 @@ ACT = ("batch", "length", "act_embed")
 
 
 class Block(nnx.Module):
-  """y = x + Attn(RMSNorm(x)); x' = y + SwiGLU(RMSNorm(y))."""
+  """y = x + Attn(RMSNorm(x)); x' = y + SwiGLU(RMSNorm(y)). With model.short_conv > 0 the
+  attention input is RMSNorm(x) + conv(RMSNorm(x)) (layers.ShortConv)."""
 
   def __init__(self, spec: ModelSpec, layer_idx, *, rngs: nnx.Rngs):
     self.attn_norm = RMSNorm(spec.d_model)
+    self.conv = ShortConv(spec.d_model, spec.short_conv, rngs=rngs) if spec.short_conv else None
     self.attn = VARIANTS[spec.variant](spec, layer_idx, rngs=rngs)
     self.mlp_norm = RMSNorm(spec.d_model)
     self.mlp = SwiGLU(spec.d_model, spec.ffn_dim, dtype=spec.compute_dtype, std=spec.init_std,
@@ -27,6 +29,8 @@ class Block(nnx.Module):
 
   def __call__(self, x_BTD, positions_BT, segment_ids_BT, capture: bool = False):
     attn_in_BTD = self.attn_norm(x_BTD)
+    if self.conv is not None:
+      attn_in_BTD = self.conv(attn_in_BTD, segment_ids_BT)
     aux = None
     if capture:
       y_BTD, maps = self.attn(attn_in_BTD, positions_BT, segment_ids_BT, return_maps=True)
@@ -35,10 +39,14 @@ class Block(nnx.Module):
       y_BTD = self.attn(attn_in_BTD, positions_BT, segment_ids_BT)
     return self._mlp(x_BTD + y_BTD), aux
 
-  def decode(self, x_BTD, positions_BT, cache_k, cache_v, start_B, mask_BTS):
-    y_BTD, cache_k, cache_v = self.attn.decode(self.attn_norm(x_BTD), positions_BT, cache_k,
-                                               cache_v, start_B, mask_BTS)
-    return self._mlp(x_BTD + y_BTD), cache_k, cache_v
+  def decode(self, x_BTD, positions_BT, cache_k, cache_v, conv_state, start_B, advance_B,
+             mask_BTS):
+    attn_in_BTD = self.attn_norm(x_BTD)
+    if self.conv is not None:
+      attn_in_BTD, conv_state = self.conv.step(attn_in_BTD, conv_state, advance_B)
+    y_BTD, cache_k, cache_v = self.attn.decode(attn_in_BTD, positions_BT, cache_k, cache_v,
+                                               start_B, mask_BTS)
+    return self._mlp(x_BTD + y_BTD), cache_k, cache_v, conv_state
 
   def _mlp(self, y_BTD):
     y_BTD = constrain(y_BTD, ACT)
@@ -106,16 +114,18 @@ class Decoder(nnx.Module):
     positions_BT = start_B[:, None] + jnp.arange(q_len, dtype=jnp.int32)[None, :]
     mask_BTS = kv_cache.decode_mask(start_B, q_len, cache.max_len)
     x_BTD = constrain(self.embed(tokens_BT), ACT)
-
-    def body(x_BTD, block, cache_k, cache_v):
-      x_BTD, cache_k, cache_v = block.decode(x_BTD, positions_BT, cache_k, cache_v, start_B,
-                                             mask_BTS)
-      return x_BTD, (cache_k, cache_v)
-
-    x_BTD, (k, v) = nnx.scan(body, in_axes=(nnx.Carry, 0, 0, 0), out_axes=(nnx.Carry, 0))(
-        x_BTD, self.blocks, cache.k, cache.v)
     advance_B = jnp.full_like(start_B, q_len) if lengths_B is None else lengths_B
-    return self._logits(x_BTD), kv_cache.KVCache(k=k, v=v, lengths=start_B + advance_B)
+
+    def body(x_BTD, block, cache_k, cache_v, conv_state):
+      x_BTD, cache_k, cache_v, conv_state = block.decode(
+          x_BTD, positions_BT, cache_k, cache_v, conv_state, start_B, advance_B, mask_BTS)
+      return x_BTD, (cache_k, cache_v, conv_state)
+
+    x_BTD, (k, v, conv) = nnx.scan(body, in_axes=(nnx.Carry, 0, 0, 0, 0),
+                                   out_axes=(nnx.Carry, 0))(
+        x_BTD, self.blocks, cache.k, cache.v, cache.conv)
+    return self._logits(x_BTD), kv_cache.KVCache(k=k, v=v, conv=conv,
+                                                 lengths=start_B + advance_B)
 
   def _logits(self, x_BTD: Array) -> Array:
     x_BTD = self.final_norm(x_BTD)

@@ -66,3 +66,40 @@ def rope(x_BTNH: Array, positions_BT: Array, theta: float, pairs: str = "interle
     x1, x2 = x[..., : width // 2], x[..., width // 2:]
     out = jnp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
   return out.astype(x_BTNH.dtype)
+
+
+class ShortConv(nnx.Module):
+  """x + a causal depthwise convolution of `width` taps, kept inside each packed segment.
+
+  y_t = x_t + sum_{j < width} w_j * x_{t-j} (terms from another segment or before the start are
+  zero). Decoding keeps the last width - 1 inputs per row (`state`) and gives the same outputs.
+  """
+
+  def __init__(self, d_model: int, width: int, *, rngs: nnx.Rngs):
+    self.width = width
+    init = nnx.initializers.normal(1.0 / width ** 0.5)
+    self.weight = nnx.Param(init(rngs.params(), (width, d_model), jnp.float32),
+                            out_sharding=(None, "norm"))
+
+  def __call__(self, x_BTD: Array, segment_ids_BT: Array | None = None) -> Array:
+    w_WD = self.weight[...].astype(x_BTD.dtype)
+    T = x_BTD.shape[1]
+    y_BTD = x_BTD + w_WD[0] * x_BTD
+    for j in range(1, self.width):
+      shifted_BTD = jnp.pad(x_BTD, ((0, 0), (j, 0), (0, 0)))[:, :T]
+      if segment_ids_BT is not None:
+        same_BT = jnp.pad(segment_ids_BT, ((0, 0), (j, 0)), constant_values=-1)[:, :T] == (
+            segment_ids_BT)
+        shifted_BTD = jnp.where(same_BT[..., None], shifted_BTD, 0)
+      y_BTD = y_BTD + w_WD[j] * shifted_BTD
+    return y_BTD
+
+  def step(self, x_BTD: Array, state_BWD: Array, advance_B: Array) -> tuple[Array, Array]:
+    """Outputs for T new inputs after the cached `state` [B, width - 1, D] and the new state
+    (the width - 1 inputs ending at each row's last real token, `advance_B` new ones)."""
+    T, W = x_BTD.shape[1], self.width
+    w_WD = self.weight[...].astype(x_BTD.dtype)
+    buf_BSD = jnp.concatenate([state_BWD.astype(x_BTD.dtype), x_BTD], axis=1)
+    y_BTD = x_BTD + sum(w_WD[j] * buf_BSD[:, W - 1 - j:W - 1 - j + T] for j in range(W))
+    keep = lambda buf_SD, start: jax.lax.dynamic_slice_in_dim(buf_SD, start, W - 1, axis=0)
+    return y_BTD, jax.vmap(keep)(buf_BSD, advance_B).astype(state_BWD.dtype)

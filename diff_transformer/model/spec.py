@@ -32,6 +32,7 @@ class ModelSpec:
   lowrank_init: str = "fan_in"
   v2_pairing: str = "interleaved"
   v2_lambda: str = "sigmoid"
+  short_conv: int = 0
 
   @classmethod
   def from_config(cls, model: ml_collections.ConfigDict) -> "ModelSpec":

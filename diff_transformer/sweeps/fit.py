@@ -19,6 +19,11 @@ class PowerLaw:
   A_err: float = math.nan
   alpha_err: float = math.nan
   x_scale: float = 1.0  # X is fitted as X / x_scale for conditioning; A refers to raw X
+  # What the fit rests on: its points, their X range and the goodness of fit in loss space.
+  n_points: int = 0
+  x_min: float = math.nan
+  x_max: float = math.nan
+  r2: float = math.nan
 
   def __call__(self, x) -> np.ndarray:
     return self.E + self.A * np.asarray(x, np.float64) ** -self.alpha
@@ -48,8 +53,34 @@ def fit_power_law(x, loss) -> PowerLaw:
   errs = np.sqrt(np.diag(pcov)) if len(x) > 3 and np.isfinite(pcov).all() else [math.nan] * 3
   A = a * scale ** alpha  # a u^-alpha = a scale^alpha x^-alpha
   A_err = errs[1] * scale ** alpha if np.isfinite(errs[1]) else math.nan
+  residual = loss - law(u, *popt)
+  spread = float(np.sum((loss - loss.mean()) ** 2))
+  r2 = 1.0 - float(np.sum(residual ** 2)) / spread if spread > 0 else math.nan
   return PowerLaw(float(E), float(A), float(alpha), float(errs[0]), float(A_err), float(errs[2]),
-                  x_scale=scale)
+                  x_scale=scale, n_points=len(x), x_min=float(x.min()), x_max=float(x.max()),
+                  r2=r2)
+
+
+# When a fit may be read off: spare points beyond its 3 parameters, a good fit, a determined
+# exponent, and no extrapolation beyond one order of magnitude outside the measured X range.
+MIN_POINTS = 4
+MIN_R2 = 0.9
+MAX_ALPHA_REL_ERR = 0.5
+MAX_EXTRAPOLATION = 10.0
+
+
+def unsupported(law: PowerLaw, x: float) -> str | None:
+  """Why reading `law` at `x` is not meaningful, or None when it is supported."""
+  if law.n_points < MIN_POINTS:
+    return f"{law.n_points} points for 3 parameters (need >= {MIN_POINTS})"
+  if not law.r2 >= MIN_R2:
+    return f"poor fit (R^2 = {law.r2:.2f} < {MIN_R2})"
+  if not (law.alpha > 0 and law.alpha_err / law.alpha <= MAX_ALPHA_REL_ERR):
+    return f"exponent undetermined (alpha = {law.alpha:.3g} ± {law.alpha_err:.2g})"
+  if not law.x_min / MAX_EXTRAPOLATION <= x <= law.x_max * MAX_EXTRAPOLATION:
+    return (f"{_fmt_params(x)} lies more than {MAX_EXTRAPOLATION:g}x outside the measured range "
+            f"{_fmt_params(law.x_min)}-{_fmt_params(law.x_max)}")
+  return None
 
 
 def matching_ratio(reference: PowerLaw, x: float, loss: float) -> dict:
@@ -59,8 +90,18 @@ def matching_ratio(reference: PowerLaw, x: float, loss: float) -> dict:
   return dict(x=float(x), matched_x=float(matched), ratio=float(x / matched) if matched else math.nan)
 
 
-def headline(variant: str, x: float, ratio: dict, unit: str = "params") -> str:
+def headline(variant: str, x: float, ratio: dict, unit: str = "params",
+             reference: PowerLaw | None = None) -> str:
+  """The papers' sentence, or why it cannot be said when the `reference` law does not support
+  reading it at the matched X."""
   fmt = _fmt_params if unit == "params" else _fmt_tokens
+  why = unsupported(reference, ratio["matched_x"]) if reference is not None and math.isfinite(
+      ratio["matched_x"]) else None
+  if reference is not None and why is None and not math.isfinite(ratio["matched_x"]):
+    why = unsupported(reference, x)
+  if why is not None:
+    return (f"{variant} {fmt(x)}: no matching Transformer size is stated; the Transformer fit is "
+            f"not meaningful there ({why})")
   if not math.isfinite(ratio["matched_x"]):
     return (f"{variant} {fmt(x)} reaches a loss below the Transformer fit's floor E (no "
             f"Transformer size matches it)")

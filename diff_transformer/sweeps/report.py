@@ -66,7 +66,7 @@ def headlines(rows: list[dict], laws: dict) -> list[str]:
       if mine:
         top = max(mine, key=lambda r: r[x])
         ratio = fit.matching_ratio(base, top[x], top["val_loss"])
-        lines.append(fit.headline(variant, top[x], ratio, unit))
+        lines.append(fit.headline(variant, top[x], ratio, unit, reference=base))
   return lines
 
 
@@ -95,9 +95,15 @@ def write_report(sweep: Sweep, root: str) -> dict:
   rows = collect(sweep, root)
   if not rows:
     raise RuntimeError(f"sweep {sweep.name}: no finished points under {root}")
+  return report_rows(sweep.name, rows, root)
+
+
+def report_rows(name: str, rows: list[dict], root: str) -> dict:
+  """Fits, headlines, results.json, plots and report.md from collected rows (also from a saved
+  results.json's "points")."""
   laws = fits(rows)
   lines = headlines(rows, laws)
-  result = dict(sweep=sweep.name, points=rows, headlines=lines,
+  result = dict(sweep=name, points=rows, headlines=lines,
                 fits={k: {v: law.__dict__ for v, law in laws[k].items()} for k in ("N", "D")})
   with open(os.path.join(root, "results.json"), "w") as f:
     json.dump(result, f, indent=1)
@@ -119,10 +125,13 @@ def markdown(rows, laws, lines) -> str:
   for v in variants:
     vals = {(r["size"], r["budget"]): r["val_loss"] for r in rows if r["variant"] == v}
     out.append(f"| {v} | " + " | ".join(f"{vals[c]:.4f}" if c in vals else "-" for c in cols) + " |")
-  out += ["", "| fit | variant | E | A | alpha |", "|---|---|---|---|---|"]
+  out += ["", "| fit | variant | E | A | alpha | points | R^2 |", "|---|---|---|---|---|---|---|"]
   for key in ("N", "D"):
     for v, law in sorted(laws[key].items()):
       out.append(f"| L({key}) | {v} | {law.E:.3f} ± {law.E_err:.3f} | {law.A:.3g} | "
-                 f"{law.alpha:.3f} ± {law.alpha_err:.3f} |")
+                 f"{law.alpha:.3f} ± {law.alpha_err:.3f} | {law.n_points} | {law.r2:.2f} |")
+  out += ["", f"A fit is read off only with >= {fit.MIN_POINTS} points, R^2 >= {fit.MIN_R2}, "
+          f"alpha known to {fit.MAX_ALPHA_REL_ERR:.0%} and at most {fit.MAX_EXTRAPOLATION:g}x "
+          "outside the measured range; otherwise the headline says why not."]
   out += [""] + [f"- {line}" for line in lines]
   return "\n".join(out) + "\n"

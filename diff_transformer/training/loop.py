@@ -65,21 +65,23 @@ def _check_finite(step: int, values: dict, checkpointer: ckpt_lib.Checkpointer) 
 
 
 def evaluate(trainer: Trainer, state, dataset, config: ml_collections.ConfigDict, mesh) -> dict:
-  """Validation loss and perplexity over up to train.eval_batches held-out batches."""
+  """Validation loss, perplexity and argmax accuracy over the weighted tokens (the answers on
+  synthetic tasks) of up to train.eval_batches held-out batches."""
   from diff_transformer import data
   t = config.train
   batch_size = t.global_batch_size // t.micro_batches  # the size a step already fits in memory
-  nll, tokens = 0.0, 0.0
+  nll, tokens, correct = 0.0, 0.0, 0.0
   for local in data.validation_batches(dataset, config.data, batch_size, t.eval_batches,
                                        process_index=jax.process_index(),
                                        process_count=jax.process_count()):
-    batch_nll, batch_tokens = trainer.eval_step(state, global_batch(mesh, local))
-    nll, tokens = nll + batch_nll, tokens + batch_tokens
-  nll, tokens = float(nll), float(tokens)
+    batch_nll, batch_tokens, batch_correct = trainer.eval_step(state, global_batch(mesh, local))
+    nll, tokens, correct = nll + batch_nll, tokens + batch_tokens, correct + batch_correct
+  nll, tokens, correct = float(nll), float(tokens), float(correct)
   if tokens == 0:
     raise TrainError(f"{dataset.path}: the validation split yields no tokens")
   loss = nll / tokens
-  return dict(val_loss=loss, val_perplexity=math.exp(min(loss, 80.0)), val_tokens=tokens)
+  return dict(val_loss=loss, val_perplexity=math.exp(min(loss, 80.0)), val_tokens=tokens,
+              val_accuracy=correct / tokens)
 
 
 def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:

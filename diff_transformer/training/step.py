@@ -121,7 +121,8 @@ class Trainer:
 
   # ---- loss ------------------------------------------------------------------------------
   def _loss_fn(self, params, constants, batch: Batch, total_weight):
-    """(objective, (nll sum, z sum)); the objective is already divided by the whole batch's
+    """(objective, (nll sum, z sum, correct sum)); correct counts weighted targets that are the
+    argmax (answer accuracy on synthetic tasks, next-token accuracy on text). The objective is already divided by the whole batch's
     token count, so gradients of micro-batches simply add up to the full batch's gradient."""
     model = nnx.merge(self.graphdef, params, constants)
     logits_BTV = model(batch["inputs"], batch["positions"], batch["segment_ids"])
@@ -130,8 +131,9 @@ class Trainer:
     w_BT = batch["weights"]
     nll_sum = jnp.sum(w_BT * (logz_BT - target_BT))
     z_sum = jnp.sum(w_BT * jnp.square(logz_BT))
+    correct_sum = jnp.sum(w_BT * (jnp.argmax(logits_BTV, axis=-1) == batch["targets"]))
     objective = (nll_sum + self.z_loss * z_sum) / total_weight
-    return objective, (nll_sum, z_sum)
+    return objective, (nll_sum, z_sum, correct_sum)
 
   def _grads_fn(self, params, constants, batch: Batch):
     """Gradients over the whole batch, accumulated over micro-batches with lax.scan."""
@@ -139,8 +141,8 @@ class Trainer:
     grad_fn = jax.value_and_grad(self._loss_fn, has_aux=True)
     m = self.micro_batches
     if m == 1:
-      (_, (nll_sum, z_sum)), grads = grad_fn(params, constants, batch, total_weight)
-      return grads, nll_sum, z_sum, total_weight
+      (_, sums), grads = grad_fn(params, constants, batch, total_weight)
+      return grads, sums, total_weight
 
     def split(x_BT):
       # Row j*m + i goes to micro-batch i: each device keeps its own rows (no resharding).
@@ -148,15 +150,15 @@ class Trainer:
       return constrain(jnp.swapaxes(x_JMT, 0, 1), (None, "batch", "length"))
 
     def body(carry, micro):
-      g_acc, nll_acc, z_acc = carry
-      (_, (nll_sum, z_sum)), g = grad_fn(params, constants, micro, total_weight)
-      return (jax.tree.map(jnp.add, g_acc, g), nll_acc + nll_sum, z_acc + z_sum), None
+      g_acc, sums_acc = carry
+      (_, sums), g = grad_fn(params, constants, micro, total_weight)
+      return (jax.tree.map(jnp.add, g_acc, g), jax.tree.map(jnp.add, sums_acc, sums)), None
 
     zeros = jax.lax.with_sharding_constraint(jax.tree.map(jnp.zeros_like, params),
                                              self.param_shardings)
-    init = (zeros, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32))
-    (grads, nll_sum, z_sum), _ = jax.lax.scan(body, init, jax.tree.map(split, batch))
-    return grads, nll_sum, z_sum, total_weight
+    init = (zeros, (jnp.zeros((), jnp.float32),) * 3)
+    (grads, sums), _ = jax.lax.scan(body, init, jax.tree.map(split, batch))
+    return grads, sums, total_weight
 
   def _lambda_of_layers(self, params, constants) -> jax.Array | None:
     """DIFF V1 / Shared DIFF: lambda [L] via each layer's attention lam() (parameters only)."""
@@ -168,10 +170,12 @@ class Trainer:
 
   def _train_step_fn(self, state: State, batch: Batch) -> tuple[State, dict]:
     params = state["params"]
-    grads, nll_sum, z_sum, total_weight = self._grads_fn(params, state["constants"], batch)
+    grads, (nll_sum, z_sum, correct_sum), total_weight = self._grads_fn(
+        params, state["constants"], batch)
     updates, opt_state = self.tx.update(grads, state["opt_state"], params)
     metrics = dict(loss=nll_sum / total_weight, grad_norm=optax.tree.norm(grads),
-                   lr=self.schedule(state["step"]), tokens=total_weight)
+                   lr=self.schedule(state["step"]), tokens=total_weight,
+                   accuracy=correct_sum / total_weight)
     if self.z_loss:
       metrics["z_loss"] = z_sum / total_weight
     lam_L = self._lambda_of_layers(params, state["constants"])
@@ -182,8 +186,8 @@ class Trainer:
     return new_state, metrics
 
   def _eval_step_fn(self, params, constants, batch: Batch):
-    _, (nll_sum, _) = self._loss_fn(params, constants, batch, 1.0)
-    return nll_sum, jnp.sum(batch["weights"])
+    _, (nll_sum, _, correct_sum) = self._loss_fn(params, constants, batch, 1.0)
+    return nll_sum, jnp.sum(batch["weights"]), correct_sum
 
   def _lambda_stats_fn(self, params, constants, batch: Batch) -> jax.Array:
     """DIFF V2: the mean over real tokens and heads of each layer's lambda (sigmoid by default).
@@ -215,11 +219,13 @@ class Trainer:
   def grads(self, state: State, batch: Batch):
     """(grads, mean loss) of one step without updating: for the sharding-equality tests."""
     with self._context():
-      grads, nll_sum, _, total_weight = self._grads(state["params"], state["constants"], batch)
+      grads, (nll_sum, _, _), total_weight = self._grads(state["params"], state["constants"],
+                                                         batch)
       return grads, nll_sum / total_weight
 
   def eval_step(self, state: State, batch: Batch):
-    """(sum of token NLL, number of real tokens) of one held-out batch."""
+    """(sum of token NLL, number of weighted tokens, number of those predicted exactly by the
+    argmax) of one held-out batch."""
     with self._context():
       return self._eval_step(state["params"], state["constants"], batch)
 

@@ -1,0 +1,165 @@
+"""Suites for runs trained on a synthetic task (data/synthetic.py), on fresh eval-split rows.
+
+`task`      answer accuracy (argmax == value at every asked item) per slice: the trained setting,
+            more stored pairs / needles, distractors on and off, and contexts longer than trained
+            (length generalisation); with accuracy by query position (the first query cannot be
+            answered by elimination) and the chance level of copying a random stored value.
+`attention` where each answer position's attention goes: the asked item's tokens (answer),
+            its partial matches (distractors: same k1 or same k2 for MQAR, same first key for
+            needles), the other stored items, and the rest of the context (noise); shares as in
+            evaluation/attention.py (differential variants: the A1 - lambda A2 map).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+from tqdm import tqdm
+
+from diff_transformer.data import synthetic
+from diff_transformer.evaluation import attention, common
+
+TASK_SPANS = ("answer", "distractors", "other_items", "noise")
+
+
+def slices(spec: synthetic.TaskSpec, max_len: int) -> dict[str, synthetic.TaskSpec]:
+  """{name: task spec} to evaluate; impossible settings (vocab, length) are left out."""
+  T = spec.seq_len
+  if spec.name == "mqar":
+    options = [dict(), dict(seq_len=2 * T), dict(seq_len=4 * T)]
+    options += [dict(num_keys=k) for k in (spec.num_keys - 1, spec.num_keys + 1,
+                                           spec.num_keys + 2)]
+  else:
+    options = [dict(), dict(seq_len=2 * T), dict(seq_len=4 * T), dict(needles=2 * spec.needles),
+               dict(distractors=0 if spec.distractors else 2)]
+  out = {}
+  for change in options:
+    s = _fit(dataclasses.replace(spec, **change), max_len)
+    if s is not None:
+      out[name(s, spec)] = s
+  return out
+
+
+def _fit(s: synthetic.TaskSpec, max_len: int) -> synthetic.TaskSpec | None:
+  """The spec with seq_len raised (in steps of 16) until its rows fit, or None."""
+  if s.name == "mqar":
+    s = dataclasses.replace(s, num_queries=min(s.num_queries, s.stored - 1))
+  while s.seq_len <= max_len:
+    try:
+      synthetic.check(s)
+      return s
+    except ValueError as e:
+      if "data.seq_len" not in str(e) and "depth" not in str(e):
+        return None
+      s = dataclasses.replace(s, seq_len=s.seq_len + 16)
+  return None
+
+
+def name(s: synthetic.TaskSpec, trained: synthetic.TaskSpec) -> str:
+  parts = ["trained"] if s == trained else []
+  if s.name == "mqar":
+    parts += [f"keys={s.num_keys}", f"len={s.seq_len}"]
+  else:
+    parts += [f"needles={s.needles}", f"distractors={s.distractors}", f"len={s.seq_len}"]
+  return ",".join(parts)
+
+
+def chance(s: synthetic.TaskSpec) -> float:
+  """Accuracy of copying a uniformly random stored value."""
+  return 1.0 / s.stored
+
+
+def accuracy(fns: common.Fns, s: synthetic.TaskSpec, rows: int, batch_size: int, seed: int
+             ) -> dict:
+  """{accuracy, by_query [R], rows, chance} over `rows` eval-split rows."""
+  hits = []
+  for i in range(-(-rows // batch_size)):
+    ex = synthetic.generate(s, "val", seed, i, min(batch_size, rows - i * batch_size))
+    logits = np.asarray(fns.logits(ex["seq"][:, :-1]))
+    b = np.arange(len(ex["seq"]))[:, None]
+    guess = logits[b, ex["answer_pos"]].argmax(-1)
+    hits.append(guess == ex["seq"][b, ex["answer_pos"] + 1])
+  hit_BR = np.concatenate(hits)
+  return dict(accuracy=float(hit_BR.mean()), by_query=hit_BR.mean(0).tolist(), rows=rows,
+              chance=chance(s), seq_len=s.seq_len)
+
+
+def span_masks(s: synthetic.TaskSpec, ex: dict, row: int, r: int) -> dict[str, np.ndarray]:
+  """Masks [seq_len] of the four spans for asked item r of one row."""
+  T, L = s.seq_len, s.item_len
+  seq, stored_at = ex["seq"][row], ex["stored_at"][row]
+  target = ex["source_start"][row, r]
+  first = 1 if s.name == "needle" else 0  # a needle's key follows its NEEDLE mark
+  key_of = lambda at: tuple(seq[at + first:at + L - 1])
+  asked_key = key_of(target)
+  masks = {k: np.zeros(T, bool) for k in TASK_SPANS}
+  for at in stored_at:
+    key = key_of(at)
+    if at == target:
+      span = "answer"
+    elif any(a == b for a, b in zip(key, asked_key)):
+      span = "distractors"
+    else:
+      span = "other_items"
+    masks[span][at:at + L] = True
+  masks["noise"][:ex["answer_pos"][row, r] + 1] = True
+  for k in ("answer", "distractors", "other_items"):
+    masks["noise"] &= ~masks[k]
+  return masks
+
+
+def attention_shares(fns: common.Fns, s: synthetic.TaskSpec, rows: int, batch_size: int,
+                     seed: int) -> dict:
+  """{layer_i | mean: {span: share}} averaged over the rows' asked items."""
+  per_item = []
+  for i in range(-(-rows // batch_size)):
+    ex = synthetic.generate(s, "val", seed + 1, i, min(batch_size, rows - i * batch_size))
+    _, aux = fns.capture(ex["seq"][:, :-1])
+    for r in range(ex["answer_pos"].shape[1]):
+      rows_LBHS = attention.query_rows(aux, ex["answer_pos"][:, r])
+      for b in range(rows_LBHS.shape[1]):
+        masks = span_masks(s, ex, b, r)
+        per_item.append([[attention.shares(rows_LBHS[l, b], masks)[k] for k in TASK_SPANS]
+                         for l in range(rows_LBHS.shape[0])])
+  mean_LK = np.mean(per_item, axis=0)
+  table = {f"layer_{l}": dict(zip(TASK_SPANS, map(float, mean_LK[l])))
+           for l in range(len(mean_LK))}
+  table["mean"] = dict(zip(TASK_SPANS, map(float, mean_LK.mean(0))))
+  return table
+
+
+def run_task(fns: common.Fns, s: synthetic.TaskSpec, settings, out_dir) -> dict:
+  rows = settings.task_rows
+  results = {}
+  for label, spec in tqdm(slices(s, fns.spec.max_seq_len).items(), desc="task slices",
+                          leave=False):
+    results[label] = accuracy(fns, spec, rows, settings.batch_size, settings.seed)
+  trained = next(v for k, v in results.items() if k.startswith("trained"))
+  return dict(task=s.name, trained=dataclasses.asdict(s), slices=results,
+              accuracy=trained["accuracy"], chance=trained["chance"],
+              by_query=trained["by_query"], plots=[plot(results, out_dir / "task.png")])
+
+
+def run_attention(fns: common.Fns, s: synthetic.TaskSpec, settings, out_dir) -> dict:
+  table = attention_shares(fns, s, settings.task_attention_rows, settings.batch_size,
+                           settings.seed)
+  return dict(task=s.name, by_layer=table, averaged=table["mean"],
+              rows=settings.task_attention_rows,
+              map="A1 - lambda A2" if fns.spec.variant != "transformer" else "A",
+              normalisation=attention.NORMALISATION.split(" Spans:")[0] +
+              " Spans: answer = the asked item's tokens; distractors = stored items sharing a "
+              "key token with it; other_items = the other stored items; noise = every other "
+              "context token up to the answer position.")
+
+
+def plot(results: dict, path) -> str:
+  fig, ax = common.figure(size=(6, 3.2))
+  labels = list(results)
+  ax.bar(range(len(labels)), [results[k]["accuracy"] for k in labels], color="tab:blue")
+  ax.scatter(range(len(labels)), [results[k]["chance"] for k in labels], color="k", marker="_",
+             s=200, label="chance (random stored value)", zorder=3)
+  ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=7)
+  ax.set_ylabel("answer accuracy")
+  ax.set_ylim(0, 1)
+  ax.legend(fontsize=7)
+  return common.save_figure(fig, path)
