@@ -20,10 +20,10 @@ def run_config(variant: str, *, gqa: bool = True, tie: bool = False, **model):
   from diff_transformer.config import base_config, validate
   heads, kv = SHAPES[variant]
   config = base_config()
-  config.model.update(dict(variant=variant, vocab_size=VOCAB, d_model=32, num_layers=3,
-                           num_heads=heads, num_kv_heads=kv if gqa else heads, head_dim=8,
-                           ffn_dim=64, max_seq_len=64, tie_embeddings=tie,
-                           rank=4 if variant == "shared_diff" else 0, **model))
+  fields = dict(variant=variant, vocab_size=VOCAB, d_model=32, num_layers=3, num_heads=heads,
+                num_kv_heads=kv if gqa else heads, head_dim=8, ffn_dim=64, max_seq_len=64,
+                tie_embeddings=tie, rank=4 if variant == "shared_diff" else 0)
+  config.model.update({**fields, **model})
   config.data.update(dict(name="prepared", tokenizer="byte", seq_len=32))
   config.train.update(dict(steps=10, global_batch_size=2))
   return validate(config)
