@@ -24,6 +24,8 @@ CASES = [  # (variant, gqa, tie, extra model fields)
     ("diff", False, False, {"dtype": "bfloat16"}),
     ("shared_diff", True, False, {}),
     ("shared_diff", False, True, {}),
+    ("diff_v2", True, False, {}),
+    ("diff_v2", False, True, {}),
 ]
 MAX_DIFF: dict[str, float] = {}
 
@@ -63,8 +65,10 @@ def test_logits_and_greedy_generation_match(exported):
   from diff_transformer.evaluation import decoding
   from diff_transformer.evaluation.common import Fns
   (variant, _, tie, _), workdir, out = exported
-  hf = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
-  expected = "LlamaForCausalLM" if variant == "transformer" else "DiffLlamaForCausalLM"
+  hf = transformers.AutoModelForCausalLM.from_pretrained(
+      out, dtype=torch.float32, trust_remote_code=variant == "diff_v2").eval()
+  expected = {"transformer": "LlamaForCausalLM", "diff_v2": "DiffV2ForCausalLM"}.get(
+      variant, "DiffLlamaForCausalLM")
   assert type(hf).__name__ == expected
   assert hf.config.tie_word_embeddings == tie
   ours = _ours_float32(workdir)
@@ -87,8 +91,8 @@ def test_logits_and_greedy_generation_match(exported):
 def test_tokenizer_and_generation_config(exported):
   import transformers
   from diff_transformer.data.tokenizer import ByteTokenizer
-  _, _, out = exported
-  tok = transformers.AutoTokenizer.from_pretrained(out)
+  (variant, _, _, _), _, out = exported
+  tok = transformers.AutoTokenizer.from_pretrained(out, trust_remote_code=variant == "diff_v2")
   text = "Exported: héllo wörld\n\t🙂"
   assert tok(text)["input_ids"] == ByteTokenizer().encode(text)
   assert tok.decode(tok(text)["input_ids"]) == text
@@ -99,11 +103,13 @@ def test_tokenizer_and_generation_config(exported):
 @pytest.mark.parametrize("field,value,needle", [
     ("subln", False, "model.subln"),
     ("lambda_init", 0.8, "model.lambda_init"),
+    ("v2_pairing", "halves", "model.v2_pairing"),
+    ("v2_lambda", "none", "model.v2_lambda"),
 ])
-def test_refuses_what_diffllama_cannot_hold(tmp_path, field, value, needle):
+def test_refuses_what_the_target_cannot_hold(tmp_path, field, value, needle):
   from diff_transformer.interop import InteropError
   from diff_transformer.interop.export import export_run
-  config = hf_runs.run_config("diff", **{field: value})
+  config = hf_runs.run_config("diff_v2" if field.startswith("v2_") else "diff", **{field: value})
   workdir = tmp_path / "run"
   workdir.mkdir()
   (workdir / "config.json").write_text(config.to_json_best_effort())

@@ -27,7 +27,7 @@ def _flat_params(model):
 
 
 @pytest.mark.parametrize("variant,tie", [("transformer", False), ("diff", True),
-                                         ("shared_diff", False)])
+                                         ("shared_diff", False), ("diff_v2", True)])
 def test_export_import_round_trip_is_bitwise(tmp_path, variant, tie):
   from diff_transformer.interop.export import export_run
   from diff_transformer.interop.hf_import import import_params
