@@ -30,10 +30,10 @@ setup(
         "test": ["pytest>=8", "pytest-xdist>=3.5"],
         "tpu": ["jax[tpu]>=0.10.2,<0.11"],
         "cuda12": ["jax[cuda12]>=0.10.2,<0.11"],
-        # Hugging Face export/import (tested: transformers 5.23.0, torch 2.13.0+cpu,
-        # safetensors 0.8.0, lm-eval 0.4.13). For the CPU torch build use
-        # --extra-index-url https://download.pytorch.org/whl/cpu.
+        # Hugging Face export/import and lm-eval (tested: transformers 5.23.0, torch 2.13.0+cpu,
+        # safetensors 0.8.0, lm-eval 0.4.13, accelerate 1.15.0, which lm-eval's hf model needs).
+        # For the CPU torch build add --extra-index-url https://download.pytorch.org/whl/cpu.
         "hf": ["transformers>=5.23,<6", "torch>=2.13,<3", "safetensors>=0.8,<0.9",
-               "lm-eval>=0.4.13,<0.5"],
+               "lm-eval>=0.4.13,<0.5", "accelerate>=1.15,<2"],
     },
 )
