@@ -1,6 +1,7 @@
 """Tokenizes your own text into train/validation shards for training.
 
   python prepare_data.py --input my_texts/ --output data/mine [--tokenizer bpe|byte]
+      [--tokenizer_file PATH/tokenizer.json]
       [--bpe_vocab_size 8192] [--val_fraction 0.05] [--text_field text] [--force]
   python train.py ... --config.data.name=prepared --config.data.path=data/mine
 
@@ -27,6 +28,9 @@ def main(argv: list[str] | None = None) -> int:
                  help=".txt/.jsonl file or directory; repeatable")
   p.add_argument("--output", help="directory to write (use as --config.data.path)")
   p.add_argument("--tokenizer", default=defaults.tokenizer, choices=TOKENIZERS)
+  p.add_argument("--tokenizer_file", metavar="PATH",
+                 help="a Hugging Face tokenizers file (tokenizer.json) to use as it is; "
+                      "implies --tokenizer file (train with --config.data.tokenizer=file)")
   p.add_argument("--bpe_vocab_size", type=int, default=defaults.bpe_vocab_size)
   p.add_argument("--val_fraction", type=float, default=defaults.val_fraction)
   p.add_argument("--text_field", default="text", help="the text field of .jsonl records")
@@ -46,7 +50,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
       if not args.output:
         raise DataError("--output: required (the directory to write)")
+      if args.tokenizer_file:
+        args.tokenizer = "file"
       meta = prepare_files(args.input, args.output, tokenizer=args.tokenizer,
+                           tokenizer_file=args.tokenizer_file or None,
                            bpe_vocab_size=args.bpe_vocab_size, val_fraction=args.val_fraction,
                            text_field=args.text_field, force=args.force)
       out = args.output

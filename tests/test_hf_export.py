@@ -139,3 +139,23 @@ def test_cli_exports_and_bad_inputs_are_one_line(tmp_path):
     lines = r.stderr.strip().splitlines()
     assert r.returncode != 0
     assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], r.stderr
+
+
+def test_users_tokenizer_file_is_exported(tmp_path):
+  """A run on a user's tokenizers file (prepare_data.py --tokenizer_file) exports that file, with
+  its own end-of-text token as EOS."""
+  import json
+  import transformers
+  from diff_transformer.data import describe
+  from diff_transformer.data.tokenizer import FileTokenizer
+  from diff_transformer.interop.export import export_run
+  from tests.test_tokenizer_file import _user_tokenizer
+  workdir = hf_runs.make_run(tmp_path / "run", hf_runs.run_config("diff"))
+  user = _user_tokenizer(workdir / "tokenizer.json", ["the king and the sea, a letter"] * 20)
+  tok = FileTokenizer.from_file(user)
+  (workdir / "tokenizer_record.json").write_text(json.dumps(describe(tok)))
+  export_run(workdir, tmp_path / "hf")
+  hf_tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+  text = "the sea king wrote a letter"
+  assert hf_tok(text)["input_ids"] == tok.encode(text)
+  assert hf_tok.eos_token == "</s>" and hf_tok.eos_token_id == tok.eot_id

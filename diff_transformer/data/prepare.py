@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
@@ -25,7 +26,8 @@ import numpy as np
 from tqdm import tqdm
 
 from diff_transformer.data.common import DataError, atomic_dir, jsonl_records, read_utf8
-from diff_transformer.data.tokenizer import Tokenizer, build_tokenizer, check_name, describe
+from diff_transformer.data.tokenizer import (TOKENIZER_FILE, FileTokenizer, Tokenizer,
+                                             build_tokenizer, check_name, describe)
 
 FORMAT_VERSION = 1
 METADATA = "metadata.json"
@@ -147,9 +149,15 @@ def _batched(items: Iterable, n: int) -> Iterator[list]:
 def prepare_documents(documents: Documents, output: str | Path, *, tokenizer: str = "bpe",
                       bpe_vocab_size: int = 8192, val_fraction: float = 0.05,
                       sources: Sequence[str] = (), force: bool = False,
-                      progress: bool = True) -> dict:
-  """Tokenizes `documents` into `output` (published atomically); returns the metadata."""
+                      progress: bool = True, tokenizer_file: str | Path | None = None) -> dict:
+  """Tokenizes `documents` into `output` (published atomically); returns the metadata.
+
+  tokenizer="file" uses the `tokenizers` file `tokenizer_file` (copied into `output`)."""
   check_name(tokenizer)
+  if (tokenizer == "file") != (tokenizer_file is not None):
+    raise DataError("--tokenizer_file: give a tokenizer.json exactly when the tokenizer is 'file'")
+  if tokenizer_file is not None:
+    FileTokenizer.from_file(tokenizer_file)  # a bad file is one line before any slow work
   output = Path(output).expanduser().resolve()
   if output.exists():
     if not (output / METADATA).is_file() and any(output.iterdir()):
@@ -171,6 +179,8 @@ def prepare_documents(documents: Documents, output: str | Path, *, tokenizer: st
     # Pass 2 (BPE only): trained on the training split, so validation text stays unseen.
     train_texts = (t for _, s, _, t in split_documents(documents, plan, val_fraction)
                    if s == "train")
+    if tokenizer_file is not None:
+      shutil.copyfile(tokenizer_file, tmp / TOKENIZER_FILE)
     tok = build_tokenizer(ml_collections.ConfigDict(
         dict(tokenizer=tokenizer, bpe_vocab_size=bpe_vocab_size)), tmp, train_texts)
     meta = _write_splits(documents, plan, val_fraction, tok, tmp, len(sizes), progress)

@@ -60,7 +60,7 @@ def export_run(workdir: str | Path, out: str | Path, step: int | None = None) ->
   _check_out(out)
   spec, record = _read_spec(workdir)
   weights.check_exportable(spec)
-  if record.get("name") not in ("byte", "bpe"):
+  if record.get("name") not in ("byte", "bpe", "file"):
     raise InteropError(f"{workdir}/tokenizer_record.json: unknown tokenizer {record.get('name')!r}")
 
   from flax import nnx

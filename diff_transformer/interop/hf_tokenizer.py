@@ -43,7 +43,8 @@ def write_tokenizer(record: dict, workdir: Path, out: Path) -> None:
   from transformers import PreTrainedTokenizerFast
   if record["name"] == "byte":
     tok = byte_tokenizer()
-  else:
+  else:  # bpe, or a user's tokenizers file: the run's checksummed copy
     tok = Tokenizer.from_file(str(Path(workdir) / TOKENIZER_FILE))
-  fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=EOT_TOKEN, eos_token=EOT_TOKEN)
+  eot = tok.id_to_token(int(record["eot_id"])) or EOT_TOKEN
+  fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=eot, eos_token=eot)
   fast.save_pretrained(str(out))

@@ -79,7 +79,7 @@ def write_run_record(workdir: Path, config: ml_collections.ConfigDict, dataset) 
   record = describe(dataset.tokenizer)
   (workdir / TOKENIZER_RECORD).write_text(json.dumps(record, indent=2) + "\n")
   source = Path(dataset.path) / TOKENIZER_COPY
-  if record["name"] == "bpe" and source.is_file():
+  if record["name"] in ("bpe", "file") and source.is_file():
     shutil.copyfile(source, workdir / TOKENIZER_COPY)
 
 
@@ -128,7 +128,7 @@ def check_tokenizer_record(workdir: Path, tokenizer=None) -> dict:
     assert_compatible(record, tokenizer)
   elif record.get("name") == "byte" or (Path(workdir) / TOKENIZER_COPY).is_file():
     load_tokenizer(record, workdir)  # raises DataError if the copy's checksum differs
-  elif record.get("name") != "bpe":
+  elif record.get("name") not in ("bpe", "file"):
     raise DataError(f"{path}: unknown tokenizer {record.get('name')!r}")
   return record
 
