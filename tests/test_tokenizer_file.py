@@ -89,3 +89,40 @@ def test_changed_tokenizer_file_is_refused_on_resume(prepared, tmp_path):
   lines = again.stderr.strip().splitlines()
   assert again.returncode != 0 and lines[-1].startswith("error:") and "tokenizer" in lines[-1]
   assert not any("Traceback" in l for l in lines), again.stderr[-2000:]
+
+
+def _tiktoken_file(path: Path, text: str) -> Path:
+  """A small .tiktoken ranks file trained with tiktoken's own reference trainer."""
+  import base64
+  from tiktoken._educational import bpe_train
+  from tiktoken_ext.openai_public import r50k_pat_str
+  ranks = bpe_train(text, 270, r50k_pat_str)
+  path.write_text("".join(f"{base64.b64encode(t).decode()} {r}\n" for t, r in ranks.items()))
+  return path
+
+
+def test_tiktoken_file_is_recorded_round_trips_and_is_refused_if_changed(prepared, tmp_path):
+  pytest.importorskip("tiktoken")
+  from diff_transformer.data import load_dataset
+  from diff_transformer.config import base_config
+  tmp, _, _ = prepared
+  text = "".join(p.read_text() for p in sorted((tmp / "corpus").iterdir())[:2])
+  ranks = _tiktoken_file(tmp_path / "r50k_base.tiktoken", text)
+  meta = prepare_files([tmp / "corpus"], tmp_path / "data", tokenizer="tiktoken",
+                       tokenizer_file=ranks, progress=False)
+  record = meta["tokenizer"]
+  assert record["name"] == "tiktoken" and record["encoding"] == "r50k_base"
+  assert record["eot_id"] == 50256 and record["vocab_size"] == 50257
+  config = base_config().data
+  config.update(dict(name="prepared", path=str(tmp_path / "data"), tokenizer="tiktoken", seq_len=32))
+  tok = load_dataset(config).tokenizer
+  sample = "The king's ghost, at sea: \u00e9t\u00e9 \U0001f642 <|endoftext|>\n"
+  assert tok.decode(tok.encode(sample)) == sample
+  lines = (tmp_path / "data" / "tokenizer.tiktoken").read_text().splitlines()
+  (tmp_path / "data" / "tokenizer.tiktoken").write_text("\n".join(lines[:-1]) + "\n")
+  with pytest.raises(DataError, match="tokenizer mismatch") as e:
+    load_dataset(config)
+  assert "\n" not in str(e.value)
+  with pytest.raises(DataError, match="unknown encoding 'nope'"):
+    prepare_files([tmp / "corpus"], tmp_path / "x", tokenizer="tiktoken", tokenizer_file=ranks,
+                  tiktoken_encoding="nope")

@@ -149,15 +149,23 @@ def _batched(items: Iterable, n: int) -> Iterator[list]:
 def prepare_documents(documents: Documents, output: str | Path, *, tokenizer: str = "bpe",
                       bpe_vocab_size: int = 8192, val_fraction: float = 0.05,
                       sources: Sequence[str] = (), force: bool = False,
-                      progress: bool = True, tokenizer_file: str | Path | None = None) -> dict:
+                      progress: bool = True, tokenizer_file: str | Path | None = None,
+                      tiktoken_encoding: str = "") -> dict:
   """Tokenizes `documents` into `output` (published atomically); returns the metadata.
 
-  tokenizer="file" uses the `tokenizers` file `tokenizer_file` (copied into `output`)."""
+  tokenizer="file" uses the `tokenizers` file `tokenizer_file`; tokenizer="tiktoken" the local
+  .tiktoken file `tokenizer_file` as encoding `tiktoken_encoding` (default: the file's stem).
+  Either is copied into `output`."""
   check_name(tokenizer)
-  if (tokenizer == "file") != (tokenizer_file is not None):
-    raise DataError("--tokenizer_file: give a tokenizer.json exactly when the tokenizer is 'file'")
-  if tokenizer_file is not None:
+  if (tokenizer in ("file", "tiktoken")) != (tokenizer_file is not None):
+    raise DataError("--tokenizer_file/--tiktoken_file: give a file exactly when the tokenizer is "
+                    "'file' or 'tiktoken'")
+  if tokenizer == "file":
     FileTokenizer.from_file(tokenizer_file)  # a bad file is one line before any slow work
+  if tokenizer == "tiktoken":
+    from diff_transformer.data.tiktoken_file import TiktokenTokenizer
+    tiktoken_encoding = tiktoken_encoding or Path(tokenizer_file).stem
+    TiktokenTokenizer(tokenizer_file, tiktoken_encoding)
   output = Path(output).expanduser().resolve()
   if output.exists():
     if not (output / METADATA).is_file() and any(output.iterdir()):
@@ -179,8 +187,12 @@ def prepare_documents(documents: Documents, output: str | Path, *, tokenizer: st
     # Pass 2 (BPE only): trained on the training split, so validation text stays unseen.
     train_texts = (t for _, s, _, t in split_documents(documents, plan, val_fraction)
                    if s == "train")
-    if tokenizer_file is not None:
+    if tokenizer == "file":
       shutil.copyfile(tokenizer_file, tmp / TOKENIZER_FILE)
+    if tokenizer == "tiktoken":
+      from diff_transformer.data.tiktoken_file import TIKTOKEN_FILE
+      shutil.copyfile(tokenizer_file, tmp / TIKTOKEN_FILE)
+      (tmp / "tiktoken.json").write_text(json.dumps(dict(encoding=tiktoken_encoding)) + "\n")
     tok = build_tokenizer(ml_collections.ConfigDict(
         dict(tokenizer=tokenizer, bpe_vocab_size=bpe_vocab_size)), tmp, train_texts)
     meta = _write_splits(documents, plan, val_fraction, tok, tmp, len(sizes), progress)

@@ -8,6 +8,7 @@ trained on one tokenizer is never silently evaluated with another (`assert_compa
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Protocol
@@ -17,7 +18,7 @@ import ml_collections
 from diff_transformer.data.common import DataError
 
 EOT_TOKEN = "<|endoftext|>"
-TOKENIZERS = ("byte", "bpe", "file")
+TOKENIZERS = ("byte", "bpe", "file", "tiktoken")
 # End-of-text of a user's tokenizer file: the first of these it has.
 EOT_CANDIDATES = (EOT_TOKEN, "</s>", "<|end_of_text|>", "<eos>", "<|eot_id|>", "<|im_end|>")
 TOKENIZER_FILE = "tokenizer.json"
@@ -37,7 +38,8 @@ class Tokenizer(Protocol):
 def describe(tokenizer: Tokenizer) -> dict:
   """What a checkpoint or metadata.json records about a tokenizer."""
   return dict(name=tokenizer.name, vocab_size=int(tokenizer.vocab_size),
-              eot_id=int(tokenizer.eot_id), checksum=tokenizer.checksum)
+              eot_id=int(tokenizer.eot_id), checksum=tokenizer.checksum,
+              **getattr(tokenizer, "extra_record", {}))
 
 
 class ByteTokenizer:
@@ -152,6 +154,14 @@ def build_tokenizer(data_config: ml_collections.ConfigDict, directory: str | Pat
   if data_config.tokenizer == "byte":
     return ByteTokenizer()
   path = Path(directory) / TOKENIZER_FILE if directory is not None else None
+  if data_config.tokenizer == "tiktoken":
+    from diff_transformer.data.tiktoken_file import TIKTOKEN_FILE, TiktokenTokenizer
+    record = Path(directory) / "tiktoken.json" if directory is not None else None
+    if record is None or not record.is_file():
+      raise DataError(f"data.tokenizer: 'tiktoken' needs {record} (prepare_data.py "
+                      "--tiktoken_file writes it)")
+    return TiktokenTokenizer(Path(directory) / TIKTOKEN_FILE,
+                             json.loads(record.read_text())["encoding"])
   if data_config.tokenizer == "file":
     if path is None or not path.is_file():
       raise DataError(f"data.tokenizer: 'file' needs {path} (prepare_data.py --tokenizer_file "
@@ -172,6 +182,11 @@ def load_tokenizer(recorded: dict, directory: str | Path) -> Tokenizer:
   """Loads the tokenizer a metadata.json describes and checks it is the recorded one."""
   name = recorded.get("name")
   check_name(name)
+  if name == "tiktoken":
+    from diff_transformer.data.tiktoken_file import TIKTOKEN_FILE, TiktokenTokenizer
+    tok = TiktokenTokenizer(Path(directory) / TIKTOKEN_FILE, str(recorded.get("encoding")))
+    assert_compatible(recorded, tok)
+    return tok
   kind = {"byte": None, "bpe": BPETokenizer, "file": FileTokenizer}[name]
   tok = ByteTokenizer() if kind is None else kind.from_file(Path(directory) / TOKENIZER_FILE)
   assert_compatible(recorded, tok)

@@ -60,7 +60,7 @@ def export_run(workdir: str | Path, out: str | Path, step: int | None = None) ->
   _check_out(out)
   spec, record = _read_spec(workdir)
   weights.check_exportable(spec)
-  if record.get("name") not in ("byte", "bpe", "file"):
+  if record.get("name") not in ("byte", "bpe", "file", "tiktoken"):
     raise InteropError(f"{workdir}/tokenizer_record.json: unknown tokenizer {record.get('name')!r}")
 
   from flax import nnx
@@ -82,7 +82,11 @@ def export_run(workdir: str | Path, out: str | Path, step: int | None = None) ->
     save_file({k: np.ascontiguousarray(v) for k, v in sidecar.items()},
               str(out / weights.SIDECAR), metadata={"format": "np"})
   GenerationConfig(bos_token_id=eot, eos_token_id=eot, pad_token_id=eot).save_pretrained(str(out))
-  write_tokenizer(record, workdir, out)
+  if record["name"] == "tiktoken":
+    print("warning: tiktoken runs are exported without tokenizer files (transformers needs "
+          "its own conversion of the encoding)", flush=True)
+  else:
+    write_tokenizer(record, workdir, out)
   if spec.variant == "diff_v2":
     for name in REMOTE_FILES:
       shutil.copyfile(REMOTE_DIR / name, out / name)

@@ -37,6 +37,7 @@ from diff_transformer.training.step import State, Trainer, fingerprint
 CONFIG_FILE = "config.json"
 TOKENIZER_RECORD = "tokenizer_record.json"
 TOKENIZER_COPY = "tokenizer.json"
+TOKENIZER_FILES = (TOKENIZER_COPY, "tokenizer.tiktoken", "tiktoken.json")  # copied into the run
 
 
 def _one_line(e: BaseException) -> str:
@@ -78,9 +79,10 @@ def write_run_record(workdir: Path, config: ml_collections.ConfigDict, dataset) 
   (workdir / CONFIG_FILE).write_text(config.to_json_best_effort(indent=2) + "\n")
   record = describe(dataset.tokenizer)
   (workdir / TOKENIZER_RECORD).write_text(json.dumps(record, indent=2) + "\n")
-  source = Path(dataset.path) / TOKENIZER_COPY
-  if record["name"] in ("bpe", "file") and source.is_file():
-    shutil.copyfile(source, workdir / TOKENIZER_COPY)
+  for name in TOKENIZER_FILES:  # whichever the data's tokenizer keeps (bpe, file, tiktoken)
+    source = Path(dataset.path) / name
+    if record["name"] != "byte" and source.is_file():
+      shutil.copyfile(source, workdir / name)
 
 
 def read_config(workdir: Path) -> ml_collections.ConfigDict | None:
@@ -126,9 +128,10 @@ def check_tokenizer_record(workdir: Path, tokenizer=None) -> dict:
   record = json.loads(path.read_text())
   if tokenizer is not None:
     assert_compatible(record, tokenizer)
-  elif record.get("name") == "byte" or (Path(workdir) / TOKENIZER_COPY).is_file():
+  elif record.get("name") == "byte" or any((Path(workdir) / n).is_file()
+                                           for n in TOKENIZER_FILES[:2]):
     load_tokenizer(record, workdir)  # raises DataError if the copy's checksum differs
-  elif record.get("name") not in ("bpe", "file"):
+  elif record.get("name") not in ("bpe", "file", "tiktoken"):
     raise DataError(f"{path}: unknown tokenizer {record.get('name')!r}")
   return record
 
