@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -41,6 +42,8 @@ def main(argv: list[str] | None = None) -> int:
   p.add_argument("--val_fraction", type=float, default=defaults.val_fraction)
   p.add_argument("--text_field", default="text", help="the text field of .jsonl records")
   p.add_argument("--force", action="store_true", help="overwrite a prepared --output")
+  p.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                 help="tokenizer processes (default: one per CPU core)")
   p.add_argument("--shakespeare", action="store_true",
                  help="fetch + prepare the built-in corpus into the cache instead")
   p.add_argument("--cache_dir", default=defaults.cache_dir)
@@ -62,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         args.tokenizer = "file" if args.tokenizer_file else "tiktoken"
       meta = prepare_files(args.input, args.output, tokenizer=args.tokenizer,
                            tokenizer_file=args.tokenizer_file or args.tiktoken_file or None,
-                           tiktoken_encoding=args.tiktoken_encoding,
+                           tiktoken_encoding=args.tiktoken_encoding, workers=args.workers,
                            bpe_vocab_size=args.bpe_vocab_size, val_fraction=args.val_fraction,
                            text_field=args.text_field, force=args.force)
       out = args.output

@@ -126,3 +126,13 @@ def test_tiktoken_file_is_recorded_round_trips_and_is_refused_if_changed(prepare
   with pytest.raises(DataError, match="unknown encoding 'nope'"):
     prepare_files([tmp / "corpus"], tmp_path / "x", tokenizer="tiktoken", tokenizer_file=ranks,
                   tiktoken_encoding="nope")
+
+
+def test_parallel_tokenization_writes_the_same_files(prepared, tmp_path):
+  """Two worker processes give byte-identical token files to one process."""
+  tmp, user, _ = prepared
+  meta = prepare_files([tmp / "corpus"], tmp_path / "two", tokenizer="file", tokenizer_file=user,
+                       progress=False, workers=2)
+  assert meta["tokenize"]["processes"] == 2 and meta["tokenize"]["tokens_per_s"] > 0
+  for name in ("train.bin", "val.bin", "train.idx.npy", "val.idx.npy", "tokenizer.json"):
+    assert (tmp_path / "two" / name).read_bytes() == (tmp / "data" / name).read_bytes(), name
