@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 
@@ -42,8 +41,10 @@ def main(argv: list[str] | None = None) -> int:
   p.add_argument("--val_fraction", type=float, default=defaults.val_fraction)
   p.add_argument("--text_field", default="text", help="the text field of .jsonl records")
   p.add_argument("--force", action="store_true", help="overwrite a prepared --output")
-  p.add_argument("--workers", type=int, default=os.cpu_count() or 1,
-                 help="tokenizer processes (default: one per CPU core)")
+  p.add_argument("--workers", type=int, default=1,
+                 help="tokenizer processes (default 1: HF tokenizers and tiktoken already encode "
+                      "each batch on every core; more processes help where Python-side work "
+                      "limits, e.g. many cores)")
   p.add_argument("--shakespeare", action="store_true",
                  help="fetch + prepare the built-in corpus into the cache instead")
   p.add_argument("--cache_dir", default=defaults.cache_dir)
