@@ -1,7 +1,8 @@
 """Tokenizers with one small interface: a file-free byte tokenizer, an offline byte-level BPE, and
 any Hugging Face `tokenizers` file a user brings (`file`, e.g. a Llama or GPT-NeoX tokenizer.json).
 
-byte and bpe map any str losslessly: decode(encode(s)) == s (a user's file does if its model does). The end-of-text id separates (and opens)
+byte and bpe map any str losslessly: decode(encode(s)) == s (a user's file does if its model
+does). The end-of-text id separates (and opens)
 documents in the token streams; `checksum` identifies the exact vocabulary so a checkpoint
 trained on one tokenizer is never silently evaluated with another (`assert_compatible`).
 """

@@ -70,7 +70,8 @@ def export_run(workdir: str | Path, out: str | Path, step: int | None = None) ->
   from diff_transformer.training.checkpoint import restore_model
   model, _, step = restore_model(workdir, step=step)
   _, params, constants = nnx.split(model, nnx.Param, ...)
-  flat = {k: np.asarray(v, np.float32) for k, v in weights.flatten(nnx.to_pure_dict(params)).items()}
+  flat = {k: np.asarray(v, np.float32)
+          for k, v in weights.flatten(nnx.to_pure_dict(params)).items()}
   hf, sidecar = weights.to_hf(spec, flat, weights.flatten(nnx.to_pure_dict(constants)))
 
   out.mkdir(parents=True, exist_ok=True)

@@ -27,11 +27,13 @@ def read_hf_config(folder: str | Path) -> dict:
     raise InteropError(f"init_from_hf: {folder} is not a folder")
   path = folder / "config.json"
   if not path.is_file():
-    raise InteropError(f"init_from_hf: {folder} has no config.json; not a Hugging Face model folder")
+    raise InteropError(f"init_from_hf: {folder} has no config.json; not a Hugging Face model "
+                       "folder")
   try:
     return json.loads(path.read_text())
   except json.JSONDecodeError as e:
-    raise InteropError(f"init_from_hf: {path} is not valid JSON ({e.msg}, line {e.lineno})") from None
+    raise InteropError(f"init_from_hf: {path} is not valid JSON ({e.msg}, line {e.lineno})"
+                       ) from None
 
 
 def check_folder(spec: ModelSpec, folder: str | Path) -> dict:

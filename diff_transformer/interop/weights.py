@@ -221,14 +221,14 @@ def _diff_qk(spec: ModelSpec, a) -> tuple[np.ndarray, np.ndarray]:
   # Shared DIFF: W_Q1 = W_Q + U_q1 V_q1 etc., materialised in float64 and rounded once.
   full = {}
   for name, base in (("q1", "wq"), ("q2", "wq"), ("k1", "wk"), ("k2", "wk")):
-    w = (a(f"attn.{base}.kernel").astype(np.float64)
-         + a(f"attn.u_{name}.kernel").astype(np.float64) @ a(f"attn.v_{name}.kernel").astype(np.float64))
+    f64 = lambda path: a(path).astype(np.float64)
+    w = f64(f"attn.{base}.kernel") + f64(f"attn.u_{name}.kernel") @ f64(f"attn.v_{name}.kernel")
     full[name] = w.astype(np.float32).T
   d = spec.head_dim
 
   def interleave(first, second):  # heads (A_0, B_0, A_1, B_1, ...)
-    both = np.stack([first.reshape(-1, d, first.shape[-1]), second.reshape(-1, d, first.shape[-1])], 1)
-    return both.reshape(-1, first.shape[-1])
+    D = first.shape[-1]
+    return np.stack([first.reshape(-1, d, D), second.reshape(-1, d, D)], 1).reshape(-1, D)
 
   return interleave(full["q1"], full["q2"]), interleave(full["k1"], full["k2"])
 

@@ -43,7 +43,8 @@ class DiffTransformerLM(TemplateLM):
     from diff_transformer.data.tokenizer import load_tokenizer
     from diff_transformer.training.checkpoint import TOKENIZER_RECORD, restore_model
     self.workdir = Path(workdir)
-    model, _, self.step = restore_model(self.workdir, step=None if step in (None, "") else int(step))
+    step = None if step in (None, "") else int(step)
+    model, _, self.step = restore_model(self.workdir, step=step)
     self.fns = Fns(model)
     self.spec = model.spec
     record = json.loads((self.workdir / TOKENIZER_RECORD).read_text())
