@@ -131,3 +131,30 @@ def test_command_line_writes_lm_eval_outputs(tmp_path, tasks):
   written = [p.name for p in (tmp_path / "out").rglob("*.json*")]
   assert any(n.startswith("results") for n in written), written
   assert any(n.startswith("samples_dt_mc") for n in written), written
+
+
+def test_scores_on_several_devices_match_one(run_and_export, tmp_path):
+  """Restored onto 2 (fake CPU) devices with a batch that does not divide evenly, the adapter
+  scores as on one device."""
+  from lm_eval.api.instance import Instance
+  from diff_transformer.lm_eval.model import DiffTransformerLM
+  _, workdir, _ = run_and_export
+  texts = ["the king sword", "a letter to the sea and the storm", "ghost castle river night " * 4]
+  one = DiffTransformerLM(workdir=str(workdir), batch_size=3).loglikelihood_rolling(
+      [Instance("loglikelihood_rolling", {}, (t,), i) for i, t in enumerate(texts)])
+  script = (
+      "import json, sys\n"
+      "from lm_eval.api.instance import Instance\n"
+      "from diff_transformer.lm_eval.model import DiffTransformerLM\n"
+      "import jax; assert jax.local_device_count() == 2\n"
+      f"lm = DiffTransformerLM(workdir={str(workdir)!r}, batch_size=3)\n"
+      f"texts = {texts!r}\n"
+      "print(json.dumps(lm.loglikelihood_rolling("
+      "[Instance('loglikelihood_rolling', {}, (t,), i) for i, t in enumerate(texts)], True)))\n")
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT),
+             XLA_FLAGS="--xla_force_host_platform_device_count=2")
+  r = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True,
+                     text=True, timeout=300)
+  assert r.returncode == 0, r.stderr[-2000:]
+  two = json.loads(r.stdout.strip().splitlines()[-1])
+  assert np.allclose(one, two, atol=1e-4, rtol=0)

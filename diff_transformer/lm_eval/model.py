@@ -35,16 +35,22 @@ def _score_fn(graphdef):
 
 @register_model("diff_transformer")
 class DiffTransformerLM(TemplateLM):
-  """A training run's checkpoint (restored on one device) behind lm-eval's model interface."""
+  """A training run's checkpoint behind lm-eval's model interface, restored onto every local
+  device (parameters replicated, each scoring batch split over the devices by rows)."""
 
   def __init__(self, workdir: str, step: int | str | None = None, batch_size: int | str = 8,
                max_gen_toks: int | str = 256, max_length: int | str | None = None, **kwargs):
     super().__init__()
+    import ml_collections
     from diff_transformer.data.tokenizer import load_tokenizer
     from diff_transformer.training.checkpoint import TOKENIZER_RECORD, restore_model
+    from diff_transformer.training.mesh import batch_sharding, data_parallel_size, make_mesh
     self.workdir = Path(workdir)
     step = None if step in (None, "") else int(step)
-    model, _, self.step = restore_model(self.workdir, step=step)
+    mesh = make_mesh(ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1)),
+                     devices=jax.local_devices())
+    model, _, self.step = restore_model(self.workdir, step=step, mesh=mesh)
+    self.rows_sharding, self.data_parallel = batch_sharding(mesh), data_parallel_size(mesh)
     self.fns = Fns(model)
     self.spec = model.spec
     record = json.loads((self.workdir / TOKENIZER_RECORD).read_text())
@@ -101,12 +107,14 @@ class DiffTransformerLM(TemplateLM):
     for start in tqdm(range(0, len(order), self.batch_size), disable=disable_tqdm,
                       desc="diff_transformer loglikelihood"):
       idx = order[start:start + self.batch_size]
-      inputs = [rows[i][:-1] for i in idx]
-      targets = [rows[i][1:] for i in idx]
+      fill = -len(idx) % self.data_parallel  # rows split evenly over the devices
+      inputs = [rows[i][:-1] for i in idx + idx[:1] * fill]
+      targets = [rows[i][1:] for i in idx + idx[:1] * fill]
       tokens, lengths = pad_rows(inputs, multiple=LENGTH_BUCKET, limit=self.max_length)
       target_ids, _ = pad_rows(targets, length=tokens.shape[1])
-      logp, greedy = (np.asarray(x) for x in self._score(self.fns.state, jnp.asarray(tokens),
-                                                          jnp.asarray(target_ids)))
+      put = lambda x: jax.device_put(x, self.rows_sharding)
+      logp, greedy = (np.asarray(x) for x in self._score(self.fns.state, put(tokens),
+                                                          put(target_ids)))
       for row, i in enumerate(idx):
         end, n = int(lengths[row]), spans[i]
         results[i] = (float(logp[row, end - n:end].astype(np.float64).sum()),
