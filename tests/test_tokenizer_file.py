@@ -80,7 +80,7 @@ def test_changed_tokenizer_file_is_refused_on_resume(prepared, tmp_path):
   first = train()
   assert first.returncode == 0, first.stderr[-2000:]
   record = json.loads((tmp_path / "run" / "tokenizer_record.json").read_text())
-  assert record["name"] == "file"
+  assert record["name"] == "file" and record["vocab_padding"] == 384 - record["vocab_size"]
   assert (tmp_path / "run" / "tokenizer.json").read_bytes() == (data / "tokenizer.json").read_bytes()
   tok = Tokenizer.from_file(str(data / "tokenizer.json"))
   tok.add_tokens(["castle-of-the-king"])

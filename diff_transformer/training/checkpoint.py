@@ -2,7 +2,8 @@
 
 Layout of a workdir:
   config.json               the run's full config (written at start; resumes must keep its model)
-  tokenizer_record.json     name, vocab size, eot id and sha256 of the tokenizer the run uses
+  tokenizer_record.json     name, vocab size, eot id and sha256 of the tokenizer the run uses,
+                            and vocab_padding (model rows beyond its ids)
   tokenizer.json            a copy of the BPE tokenizer file (bpe runs only)
   checkpoints/<step>/       orbax items: model, optimizer, data (grain state), meta (json)
   corrupt_checkpoints/      unreadable checkpoints moved aside when an older one was usable
@@ -78,6 +79,9 @@ def write_run_record(workdir: Path, config: ml_collections.ConfigDict, dataset) 
   workdir.mkdir(parents=True, exist_ok=True)
   (workdir / CONFIG_FILE).write_text(config.to_json_best_effort(indent=2) + "\n")
   record = describe(dataset.tokenizer)
+  # Embedding rows beyond the tokenizer's ids (a preset's vocab rounded up, e.g. to 128): never
+  # produced by the data, recorded so an export or a reader knows which ids are real.
+  record["vocab_padding"] = int(config.model.vocab_size) - record["vocab_size"]
   (workdir / TOKENIZER_RECORD).write_text(json.dumps(record, indent=2) + "\n")
   for name in TOKENIZER_FILES:  # whichever the data's tokenizer keeps (bpe, file, tiktoken)
     source = Path(dataset.path) / name
