@@ -4,7 +4,8 @@ Layout of a workdir:
   config.json               the run's full config (written at start; resumes must keep its model)
   tokenizer_record.json     name, vocab size, eot id and sha256 of the tokenizer the run uses,
                             and vocab_padding (model rows beyond its ids)
-  tokenizer.json            a copy of the BPE tokenizer file (bpe runs only)
+  tokenizer.json            a copy of the tokenizer file (bpe and file runs; tiktoken runs keep
+                            tokenizer.tiktoken + tiktoken.json)
   checkpoints/<step>/       orbax items: model, optimizer, data (grain state), meta (json)
   corrupt_checkpoints/      unreadable checkpoints moved aside when an older one was usable
 
