@@ -82,11 +82,6 @@ def evaluate(trainer: Trainer, state, dataset, config: ml_collections.ConfigDict
   return dict(val_loss=loss, val_perplexity=math.exp(min(loss, 80.0)), val_tokens=tokens)
 
 
-def trainer_spec(config: ml_collections.ConfigDict):
-  from diff_transformer.model.spec import ModelSpec
-  return ModelSpec.from_config(config.model)
-
-
 def _import_hf(trainer: Trainer, state, folder: str, checkpointer, iterator):
   """The fresh state with its parameters read from an HF folder, saved as checkpoint step 0 (so
   the imported weights are on record and eval.py can read them)."""
@@ -111,9 +106,11 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     raise TrainError(f"model.vocab_size: {config.model.vocab_size} is smaller than the "
                      f"{dataset.tokenizer.name} tokenizer's {dataset.vocab_size} ids")
   ckpt_lib.check_run_record(workdir, config, dataset.tokenizer)
-  if config.init_from_hf:  # one line about a wrong folder before any state is built
+  if config.init_from_hf and not any((workdir / "checkpoints").glob("*")):
+    # A new run from an HF folder: one line about a wrong folder before any state is built.
     from diff_transformer.interop import hf_import
-    hf_import.check_folder(trainer_spec(config), config.init_from_hf)
+    from diff_transformer.model.spec import ModelSpec
+    hf_import.check_folder(ModelSpec.from_config(config.model), config.init_from_hf)
   mesh = make_mesh(config.mesh)
   check_parallelism(config, mesh)
   trainer = Trainer(config, mesh)
