@@ -1,6 +1,7 @@
 """Tokenizes your own text into train/validation shards for training.
 
   python prepare_data.py --input my_texts/ --output data/mine [--tokenizer bpe|byte]
+      [--tokenizer_file PATH/tokenizer.json | --tiktoken_file PATH/cl100k_base.tiktoken]
       [--bpe_vocab_size 8192] [--val_fraction 0.05] [--text_field text] [--force]
   python train.py ... --config.data.name=prepared --config.data.path=data/mine
 
@@ -27,10 +28,23 @@ def main(argv: list[str] | None = None) -> int:
                  help=".txt/.jsonl file or directory; repeatable")
   p.add_argument("--output", help="directory to write (use as --config.data.path)")
   p.add_argument("--tokenizer", default=defaults.tokenizer, choices=TOKENIZERS)
+  p.add_argument("--tokenizer_file", metavar="PATH",
+                 help="a Hugging Face tokenizers file (tokenizer.json) to use as it is; "
+                      "implies --tokenizer file (train with --config.data.tokenizer=file)")
+  p.add_argument("--tiktoken_file", metavar="PATH",
+                 help="a local .tiktoken encoding file, e.g. cl100k_base.tiktoken; implies "
+                      "--tokenizer tiktoken (train with --config.data.tokenizer=tiktoken)")
+  p.add_argument("--tiktoken_encoding", default="",
+                 help="which tiktoken encoding the file is (its pattern and special tokens); "
+                      "default: the file's name without .tiktoken")
   p.add_argument("--bpe_vocab_size", type=int, default=defaults.bpe_vocab_size)
   p.add_argument("--val_fraction", type=float, default=defaults.val_fraction)
   p.add_argument("--text_field", default="text", help="the text field of .jsonl records")
   p.add_argument("--force", action="store_true", help="overwrite a prepared --output")
+  p.add_argument("--workers", type=int, default=1,
+                 help="tokenizer processes (default 1: HF tokenizers and tiktoken already encode "
+                      "each batch on every core; more processes help where Python-side work "
+                      "limits, e.g. many cores)")
   p.add_argument("--shakespeare", action="store_true",
                  help="fetch + prepare the built-in corpus into the cache instead")
   p.add_argument("--cache_dir", default=defaults.cache_dir)
@@ -46,7 +60,13 @@ def main(argv: list[str] | None = None) -> int:
     else:
       if not args.output:
         raise DataError("--output: required (the directory to write)")
+      if args.tokenizer_file and args.tiktoken_file:
+        raise DataError("--tokenizer_file, --tiktoken_file: give one of them")
+      if args.tokenizer_file or args.tiktoken_file:
+        args.tokenizer = "file" if args.tokenizer_file else "tiktoken"
       meta = prepare_files(args.input, args.output, tokenizer=args.tokenizer,
+                           tokenizer_file=args.tokenizer_file or args.tiktoken_file or None,
+                           tiktoken_encoding=args.tiktoken_encoding, workers=args.workers,
                            bpe_vocab_size=args.bpe_vocab_size, val_fraction=args.val_fraction,
                            text_field=args.text_field, force=args.force)
       out = args.output

@@ -49,15 +49,18 @@ def main(argv):
   from absl import logging
   logging.set_verbosity(logging.WARNING)  # orbax logs every save step at INFO
   from diff_transformer.data import DataError
+  from diff_transformer.interop import InteropError
   from diff_transformer.training import TrainError, initialize_distributed, train
   try:
     initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
     summary = train(config, FLAGS.workdir)
-  except (TrainError, DataError) as e:
+  except (TrainError, DataError, InteropError) as e:
     # Nothing more to say than the one line: silence leftovers (e.g. orbax read coroutines of a
     # damaged checkpoint) that Python would print as 'Exception ignored' tracebacks at exit.
     sys.unraisablehook = lambda unraisable: None
     sys.exit(f"error: {e}")
+  if summary.get("imported"):
+    print(f"Imported {summary['imported']} as checkpoint step 0 (train.steps=0: no training)")
   if summary.get("stopped_by"):
     print(f"Stopped by {summary['stopped_by']} at step {summary['step']}; run the same command "
           "to resume.", flush=True)

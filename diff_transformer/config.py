@@ -122,6 +122,9 @@ def base_config() -> ml_collections.ConfigDict:
   ))
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
   c.source = ""  # where the numbers come from and where they deviate
+  # A Hugging Face folder (LlamaForCausalLM / DiffLlamaForCausalLM or an export of this codebase)
+  # whose weights a new run starts from; saved as checkpoint step 0. Needs the hf extra.
+  c.init_from_hf = ""
   return c
 
 
@@ -193,7 +196,11 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
       raise ConfigError(str(e)) from None
   if d.seq_len <= 0 or d.seq_len > m.max_seq_len:
     _fail("data.seq_len", f"must be in [1, model.max_seq_len = {m.max_seq_len}], got {d.seq_len}")
-  for name in ("steps", "global_batch_size", "micro_batches"):
+  if t.steps == 0 and config.init_from_hf:
+    pass  # import only: write checkpoint step 0 (for eval.py) and stop
+  elif t.steps <= 0:
+    _fail("train.steps", f"must be a positive integer (0 only with init_from_hf), got {t.steps}")
+  for name in ("global_batch_size", "micro_batches"):
     if t[name] <= 0:
       _fail(f"train.{name}", f"must be a positive integer, got {t[name]}")
   if t.global_batch_size % t.micro_batches:

@@ -89,6 +89,9 @@ def _prepared_dir(data_config: ml_collections.ConfigDict) -> Path:
   if data_config.name != "shakespeare":
     raise DataError(f"data.name: unknown dataset '{data_config.name}'; choose one of "
                     f"{', '.join(DATASETS)}")
+  if data_config.tokenizer in ("file", "tiktoken"):
+    raise DataError(f"data.tokenizer: '{data_config.tokenizer}' needs data.name=prepared (a "
+                    "directory written by prepare_data.py --tokenizer_file/--tiktoken_file)")
   # One prepared copy per (tokenizer, vocab, held-out fraction); the split itself is by content.
   vocab = f"-{data_config.bpe_vocab_size}" if data_config.tokenizer == "bpe" else ""
   out = (cache_root(data_config.cache_dir) / "shakespeare" /

@@ -17,6 +17,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import multiprocessing
+import os
+import shutil
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
@@ -25,7 +29,8 @@ import numpy as np
 from tqdm import tqdm
 
 from diff_transformer.data.common import DataError, atomic_dir, jsonl_records, read_utf8
-from diff_transformer.data.tokenizer import Tokenizer, build_tokenizer, check_name, describe
+from diff_transformer.data.tokenizer import (TOKENIZER_FILE, FileTokenizer, Tokenizer,
+                                             build_tokenizer, check_name, describe)
 
 FORMAT_VERSION = 1
 METADATA = "metadata.json"
@@ -147,9 +152,23 @@ def _batched(items: Iterable, n: int) -> Iterator[list]:
 def prepare_documents(documents: Documents, output: str | Path, *, tokenizer: str = "bpe",
                       bpe_vocab_size: int = 8192, val_fraction: float = 0.05,
                       sources: Sequence[str] = (), force: bool = False,
-                      progress: bool = True) -> dict:
-  """Tokenizes `documents` into `output` (published atomically); returns the metadata."""
+                      progress: bool = True, tokenizer_file: str | Path | None = None,
+                      tiktoken_encoding: str = "", workers: int = 1) -> dict:
+  """Tokenizes `documents` into `output` (published atomically); returns the metadata.
+
+  tokenizer="file" uses the `tokenizers` file `tokenizer_file`; tokenizer="tiktoken" the local
+  .tiktoken file `tokenizer_file` as encoding `tiktoken_encoding` (default: the file's stem).
+  Either is copied into `output`. `workers` > 1 encodes in that many processes (same output)."""
   check_name(tokenizer)
+  if (tokenizer in ("file", "tiktoken")) != (tokenizer_file is not None):
+    raise DataError("--tokenizer_file/--tiktoken_file: give a file exactly when the tokenizer is "
+                    "'file' or 'tiktoken'")
+  if tokenizer == "file":
+    FileTokenizer.from_file(tokenizer_file)  # a bad file is one line before any slow work
+  if tokenizer == "tiktoken":
+    from diff_transformer.data.tiktoken_file import TiktokenTokenizer
+    tiktoken_encoding = tiktoken_encoding or Path(tokenizer_file).stem
+    TiktokenTokenizer(tokenizer_file, tiktoken_encoding)
   output = Path(output).expanduser().resolve()
   if output.exists():
     if not (output / METADATA).is_file() and any(output.iterdir()):
@@ -171,9 +190,15 @@ def prepare_documents(documents: Documents, output: str | Path, *, tokenizer: st
     # Pass 2 (BPE only): trained on the training split, so validation text stays unseen.
     train_texts = (t for _, s, _, t in split_documents(documents, plan, val_fraction)
                    if s == "train")
+    if tokenizer == "file":
+      shutil.copyfile(tokenizer_file, tmp / TOKENIZER_FILE)
+    if tokenizer == "tiktoken":
+      from diff_transformer.data.tiktoken_file import TIKTOKEN_FILE
+      shutil.copyfile(tokenizer_file, tmp / TIKTOKEN_FILE)
+      (tmp / "tiktoken.json").write_text(json.dumps(dict(encoding=tiktoken_encoding)) + "\n")
     tok = build_tokenizer(ml_collections.ConfigDict(
         dict(tokenizer=tokenizer, bpe_vocab_size=bpe_vocab_size)), tmp, train_texts)
-    meta = _write_splits(documents, plan, val_fraction, tok, tmp, len(sizes), progress)
+    meta = _write_splits(documents, plan, val_fraction, tok, tmp, len(sizes), progress, workers)
     meta.update(format=FORMAT_VERSION, split_mode=plan["mode"], val_fraction=val_fraction,
                 requested_bpe_vocab_size=bpe_vocab_size if tokenizer == "bpe" else None,
                 sources=list(sources))
@@ -181,8 +206,36 @@ def prepare_documents(documents: Documents, output: str | Path, *, tokenizer: st
   return meta
 
 
+# ---- parallel encoding: each worker process loads the tokenizer from the output directory
+_worker_tok: Tokenizer | None = None
+
+
+def _init_worker(name: str, directory: str) -> None:
+  global _worker_tok
+  os.environ["RAYON_NUM_THREADS"] = "1"  # one core per process (tokenizers' own thread pool)
+  _worker_tok = build_tokenizer(ml_collections.ConfigDict(dict(tokenizer=name, bpe_vocab_size=0)),
+                                directory)
+
+
+def _encode_in_worker(batch: list) -> tuple[list, list[list[int]]]:
+  return [b[:3] for b in batch], _worker_tok.encode_batch([b[3] for b in batch])
+
+
+def _encoded(stream: Iterable, tok: Tokenizer, directory: Path, workers: int
+             ) -> Iterator[tuple[list, list[list[int]]]]:
+  """(batch keys, token ids) per batch of documents, in input order, over `workers` processes."""
+  if workers <= 1:
+    for batch in _batched(stream, _ENCODE_BATCH):
+      yield [b[:3] for b in batch], tok.encode_batch([b[3] for b in batch])
+    return
+  # spawn: the parent may hold JAX/XLA threads, which fork must not copy.
+  ctx = multiprocessing.get_context("spawn")
+  with ctx.Pool(workers, _init_worker, (tok.name, str(directory))) as pool:
+    yield from pool.imap(_encode_in_worker, _batched(stream, _ENCODE_BATCH), chunksize=4)
+
+
 def _write_splits(documents: Documents, plan: dict, val_fraction: float, tok: Tokenizer,
-                  out: Path, num_docs: int, progress: bool) -> dict:
+                  out: Path, num_docs: int, progress: bool, workers: int = 1) -> dict:
   """Pass 3: encode every document into its split's stream; counts and unigram statistics."""
   dtype = _token_dtype(tok.vocab_size)
   files = {s: open(out / f"{s}.bin", "wb") for s in SPLITS}
@@ -193,17 +246,22 @@ def _write_splits(documents: Documents, plan: dict, val_fraction: float, tok: To
     for f in files.values():
       f.write(eot.tobytes())
     stream = split_documents(documents, plan, val_fraction)
-    bar = tqdm(total=num_docs, desc=f"tokenize ({tok.name})", unit="doc", disable=not progress)
-    done = -1
-    for batch in _batched(stream, _ENCODE_BATCH):
-      for (i, split, name, _), ids in zip(batch, tok.encode_batch([t for *_, t in batch])):
+    bar = tqdm(total=num_docs, desc=f"tokenize ({tok.name}, {max(workers, 1)} processes)",
+               unit="doc", disable=not progress)
+    done, total_tokens, start = -1, 0, time.perf_counter()
+    for keys, encoded in _encoded(stream, tok, out, workers):
+      for (i, split, name), ids in zip(keys, encoded):
         arr = np.asarray(ids + [tok.eot_id], dtype)
         files[split].write(arr.tobytes())
         offsets[split].append(offsets[split][-1] + len(arr))
         names[split].append(name)
+        total_tokens += len(ids)
         bar.update(i - done)
         done = i
+      bar.set_postfix(tokens_per_s=f"{total_tokens / max(time.perf_counter() - start, 1e-9):.3g}",
+                      refresh=False)
     bar.close()
+    seconds = time.perf_counter() - start
   finally:
     for f in files.values():
       f.close()
@@ -220,7 +278,9 @@ def _write_splits(documents: Documents, plan: dict, val_fraction: float, tok: To
   splits["val"]["document_names"] = names["val"]  # small; which text is held out
   return dict(tokenizer=describe(tok), vocab_size=int(tok.vocab_size), eot_id=int(tok.eot_id),
               dtype=dtype.name, splits=splits,
-              unigram_entropy_nats=float(-(p * np.log(p)).sum()))
+              unigram_entropy_nats=float(-(p * np.log(p)).sum()),
+              tokenize=dict(processes=max(workers, 1), seconds=round(seconds, 3),
+                            tokens_per_s=round(total_tokens / max(seconds, 1e-9))))
 
 
 def prepare_files(inputs: Sequence[str | Path], output: str | Path, *, text_field: str = "text",

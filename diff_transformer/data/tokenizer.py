@@ -1,12 +1,15 @@
-"""Tokenizers with one small interface: a file-free byte tokenizer and an offline byte-level BPE.
+"""Tokenizers with one small interface: a file-free byte tokenizer, an offline byte-level BPE, and
+any Hugging Face `tokenizers` file a user brings (`file`, e.g. a Llama or GPT-NeoX tokenizer.json).
 
-Both map any str losslessly: decode(encode(s)) == s. The end-of-text id separates (and opens)
+byte and bpe map any str losslessly: decode(encode(s)) == s (a user's file does if its model
+does). The end-of-text id separates (and opens)
 documents in the token streams; `checksum` identifies the exact vocabulary so a checkpoint
 trained on one tokenizer is never silently evaluated with another (`assert_compatible`).
 """
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Protocol
@@ -16,7 +19,9 @@ import ml_collections
 from diff_transformer.data.common import DataError
 
 EOT_TOKEN = "<|endoftext|>"
-TOKENIZERS = ("byte", "bpe")
+TOKENIZERS = ("byte", "bpe", "file", "tiktoken")
+# End-of-text of a user's tokenizer file: the first of these it has.
+EOT_CANDIDATES = (EOT_TOKEN, "</s>", "<|end_of_text|>", "<eos>", "<|eot_id|>", "<|im_end|>")
 TOKENIZER_FILE = "tokenizer.json"
 
 
@@ -34,7 +39,8 @@ class Tokenizer(Protocol):
 def describe(tokenizer: Tokenizer) -> dict:
   """What a checkpoint or metadata.json records about a tokenizer."""
   return dict(name=tokenizer.name, vocab_size=int(tokenizer.vocab_size),
-              eot_id=int(tokenizer.eot_id), checksum=tokenizer.checksum)
+              eot_id=int(tokenizer.eot_id), checksum=tokenizer.checksum,
+              **getattr(tokenizer, "extra_record", {}))
 
 
 class ByteTokenizer:
@@ -59,14 +65,17 @@ class ByteTokenizer:
 class BPETokenizer:
   """Byte-level BPE from HF `tokenizers`; the tokenizer.json content defines it (and its hash)."""
   name = "bpe"
+  eot_candidates: tuple[str, ...] = (EOT_TOKEN,)
 
   def __init__(self, tokenizer) -> None:
     self._tok = tokenizer
     self.vocab_size = tokenizer.get_vocab_size()
-    eot = tokenizer.token_to_id(EOT_TOKEN)
-    if eot is None:
-      raise DataError(f"BPE tokenizer has no {EOT_TOKEN} token")
-    self.eot_id = eot
+    found = [t for t in self.eot_candidates if tokenizer.token_to_id(t) is not None]
+    if not found:
+      raise DataError(f"{self.name} tokenizer has none of the end-of-text tokens "
+                      f"{', '.join(self.eot_candidates)}")
+    self.eot_token = found[0]
+    self.eot_id = tokenizer.token_to_id(self.eot_token)
     self.checksum = hashlib.sha256(tokenizer.to_str().encode("utf-8")).hexdigest()
 
   @classmethod
@@ -107,6 +116,28 @@ class BPETokenizer:
     return self._tok.decode([int(i) for i in ids], skip_special_tokens=True)
 
 
+class FileTokenizer(BPETokenizer):
+  """A user's `tokenizers` file (any model: BPE, Unigram, WordPiece), copied into the prepared
+  directory and checksummed like the built-in BPE; end-of-text is the first EOT_CANDIDATES token
+  it has."""
+  name = "file"
+  eot_candidates = EOT_CANDIDATES
+
+  @classmethod
+  def from_file(cls, path: str | Path) -> "FileTokenizer":
+    from tokenizers import Tokenizer as HFTokenizer
+    path = Path(path)
+    if not path.is_file():
+      raise DataError(f"{path}: tokenizer file not found")
+    try:
+      return cls(HFTokenizer.from_file(str(path)))
+    except Exception as e:  # tokenizers raises a bare Exception for unreadable files
+      if isinstance(e, DataError):
+        raise
+      raise DataError(f"{path}: not a Hugging Face tokenizers file ({str(e).splitlines()[0]})"
+                      ) from None
+
+
 def check_name(name: str) -> None:
   if name not in TOKENIZERS:
     raise DataError(f"data.tokenizer: unknown tokenizer '{name}'; choose one of "
@@ -124,6 +155,19 @@ def build_tokenizer(data_config: ml_collections.ConfigDict, directory: str | Pat
   if data_config.tokenizer == "byte":
     return ByteTokenizer()
   path = Path(directory) / TOKENIZER_FILE if directory is not None else None
+  if data_config.tokenizer == "tiktoken":
+    from diff_transformer.data.tiktoken_file import TIKTOKEN_FILE, TiktokenTokenizer
+    record = Path(directory) / "tiktoken.json" if directory is not None else None
+    if record is None or not record.is_file():
+      raise DataError(f"data.tokenizer: 'tiktoken' needs {record} (prepare_data.py "
+                      "--tiktoken_file writes it)")
+    return TiktokenTokenizer(Path(directory) / TIKTOKEN_FILE,
+                             json.loads(record.read_text())["encoding"])
+  if data_config.tokenizer == "file":
+    if path is None or not path.is_file():
+      raise DataError(f"data.tokenizer: 'file' needs {path} (prepare_data.py --tokenizer_file "
+                      "copies it there)")
+    return FileTokenizer.from_file(path)
   if path is not None and path.is_file():
     return BPETokenizer.from_file(path)
   if train_texts is None:
@@ -139,8 +183,13 @@ def load_tokenizer(recorded: dict, directory: str | Path) -> Tokenizer:
   """Loads the tokenizer a metadata.json describes and checks it is the recorded one."""
   name = recorded.get("name")
   check_name(name)
-  tok = ByteTokenizer() if name == "byte" else BPETokenizer.from_file(
-      Path(directory) / TOKENIZER_FILE)
+  if name == "tiktoken":
+    from diff_transformer.data.tiktoken_file import TIKTOKEN_FILE, TiktokenTokenizer
+    tok = TiktokenTokenizer(Path(directory) / TIKTOKEN_FILE, str(recorded.get("encoding")))
+    assert_compatible(recorded, tok)
+    return tok
+  kind = {"byte": None, "bpe": BPETokenizer, "file": FileTokenizer}[name]
+  tok = ByteTokenizer() if kind is None else kind.from_file(Path(directory) / TOKENIZER_FILE)
   assert_compatible(recorded, tok)
   return tok
 

@@ -2,8 +2,10 @@
 
 Layout of a workdir:
   config.json               the run's full config (written at start; resumes must keep its model)
-  tokenizer_record.json     name, vocab size, eot id and sha256 of the tokenizer the run uses
-  tokenizer.json            a copy of the BPE tokenizer file (bpe runs only)
+  tokenizer_record.json     name, vocab size, eot id and sha256 of the tokenizer the run uses,
+                            and vocab_padding (model rows beyond its ids)
+  tokenizer.json            a copy of the tokenizer file (bpe and file runs; tiktoken runs keep
+                            tokenizer.tiktoken + tiktoken.json)
   checkpoints/<step>/       orbax items: model, optimizer, data (grain state), meta (json)
   corrupt_checkpoints/      unreadable checkpoints moved aside when an older one was usable
 
@@ -37,6 +39,7 @@ from diff_transformer.training.step import State, Trainer, fingerprint
 CONFIG_FILE = "config.json"
 TOKENIZER_RECORD = "tokenizer_record.json"
 TOKENIZER_COPY = "tokenizer.json"
+TOKENIZER_FILES = (TOKENIZER_COPY, "tokenizer.tiktoken", "tiktoken.json")  # copied into the run
 
 
 def _one_line(e: BaseException) -> str:
@@ -77,10 +80,14 @@ def write_run_record(workdir: Path, config: ml_collections.ConfigDict, dataset) 
   workdir.mkdir(parents=True, exist_ok=True)
   (workdir / CONFIG_FILE).write_text(config.to_json_best_effort(indent=2) + "\n")
   record = describe(dataset.tokenizer)
+  # Embedding rows beyond the tokenizer's ids (a preset's vocab rounded up, e.g. to 128): never
+  # produced by the data, recorded so an export or a reader knows which ids are real.
+  record["vocab_padding"] = int(config.model.vocab_size) - record["vocab_size"]
   (workdir / TOKENIZER_RECORD).write_text(json.dumps(record, indent=2) + "\n")
-  source = Path(dataset.path) / TOKENIZER_COPY
-  if record["name"] == "bpe" and source.is_file():
-    shutil.copyfile(source, workdir / TOKENIZER_COPY)
+  for name in TOKENIZER_FILES:  # whichever the data's tokenizer keeps (bpe, file, tiktoken)
+    source = Path(dataset.path) / name
+    if record["name"] != "byte" and source.is_file():
+      shutil.copyfile(source, workdir / name)
 
 
 def read_config(workdir: Path) -> ml_collections.ConfigDict | None:
@@ -126,9 +133,11 @@ def check_tokenizer_record(workdir: Path, tokenizer=None) -> dict:
   record = json.loads(path.read_text())
   if tokenizer is not None:
     assert_compatible(record, tokenizer)
-  elif record.get("name") == "byte" or (Path(workdir) / TOKENIZER_COPY).is_file():
+  elif record.get("name") == "byte" or any((Path(workdir) / n).is_file()
+                                           for n in TOKENIZER_FILES[:2]):
     load_tokenizer(record, workdir)  # raises DataError if the copy's checksum differs
-  elif record.get("name") not in ("bpe", "synthetic"):  # a task's layout is checked with its data
+  # A task's layout is checked with its data; file tokenizers against the data's own copy.
+  elif record.get("name") not in ("bpe", "file", "tiktoken", "synthetic"):
     raise DataError(f"{path}: unknown tokenizer {record.get('name')!r}")
   return record
 

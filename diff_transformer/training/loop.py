@@ -84,6 +84,19 @@ def evaluate(trainer: Trainer, state, dataset, config: ml_collections.ConfigDict
               val_accuracy=correct / tokens)
 
 
+def _import_hf(trainer: Trainer, state, folder: str, checkpointer, iterator):
+  """The fresh state with its parameters read from an HF folder, saved as checkpoint step 0 (so
+  the imported weights are on record and eval.py can read them)."""
+  from diff_transformer.interop import hf_import
+  params = hf_import.import_params(trainer.spec, folder)
+  state = hf_import.into_state(state, params, folder)
+  checkpointer.save(0, state, iterator)
+  checkpointer.wait()
+  print(f"Initialised from the Hugging Face folder {folder}; saved as checkpoint step 0",
+        flush=True)
+  return state
+
+
 def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
   """Trains to config.train.steps (resuming if the workdir holds checkpoints); returns a summary
   {step, loss, val_loss, unigram_entropy, tokens_per_s, mfu, stopped_by}."""
@@ -95,6 +108,11 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     raise TrainError(f"model.vocab_size: {config.model.vocab_size} is smaller than the "
                      f"{dataset.tokenizer.name} tokenizer's {dataset.vocab_size} ids")
   ckpt_lib.check_run_record(workdir, config, dataset.tokenizer)
+  if config.init_from_hf and not any((workdir / "checkpoints").glob("*")):
+    # A new run from an HF folder: one line about a wrong folder before any state is built.
+    from diff_transformer.interop import hf_import
+    from diff_transformer.model.spec import ModelSpec
+    hf_import.check_folder(ModelSpec.from_config(config.model), config.init_from_hf)
   mesh = make_mesh(config.mesh)
   check_parallelism(config, mesh)
   trainer = Trainer(config, mesh)
@@ -108,6 +126,11 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
   else:
     state, start = trainer.init(), 0
   ckpt_lib.write_run_record(workdir, config, dataset)
+  if found is None and config.init_from_hf:
+    state = _import_hf(trainer, state, config.init_from_hf, checkpointer, iterator)
+    if t.steps == 0:
+      checkpointer.close()
+      return dict(step=0, stopped_by=None, imported=config.init_from_hf)
 
   seq_len = dataset.seq_len
   tokens_per_step = t.global_batch_size * seq_len

@@ -1,0 +1,98 @@
+"""Export a training run as a Hugging Face model folder (`python export.py --workdir RUN --out DIR`).
+
+The folder holds config.json, model.safetensors (float32), generation_config.json, tokenizer files
+and a sidecar of the tensors the HF layout folds (see weights.py); `diff_v2` exports also carry
+their modelling code (loaded with trust_remote_code=True). Anything the target class cannot hold
+exactly is refused in one line before any checkpoint is read.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from diff_transformer.interop import InteropError, require, weights
+from diff_transformer.model.spec import ModelSpec
+
+REMOTE_DIR = Path(__file__).parent / "remote"
+REMOTE_FILES = ("configuration_diff_v2.py", "modeling_diff_v2.py")
+EXPORT_RECORD = "diff_transformer_export.json"
+
+
+def _check_out(out: Path) -> None:
+  if out.exists() and (not out.is_dir() or any(out.iterdir())):
+    raise InteropError(f"--out: {out} exists and is not an empty folder")
+
+
+def _read_spec(workdir: Path) -> tuple[ModelSpec, dict]:
+  from diff_transformer.training.checkpoint import read_config
+  config = read_config(workdir)
+  if config is None:
+    raise InteropError(f"--workdir: {workdir} has no config.json; not a training workdir")
+  record_path = workdir / "tokenizer_record.json"
+  if not record_path.is_file():
+    raise InteropError(f"--workdir: {workdir} has no tokenizer_record.json; not a training workdir")
+  return ModelSpec.from_config(config.model), json.loads(record_path.read_text())
+
+
+def hf_config_object(spec: ModelSpec, eot_id: int):
+  """The transformers config object of the target class (diff_v2: the bundled config class)."""
+  fields = weights.hf_config(spec, eot_id)
+  arch = fields.pop("architectures")[0]
+  if spec.variant == "diff_v2":
+    from diff_transformer.interop.remote.configuration_diff_v2 import DiffV2Config
+    config = DiffV2Config(**fields)
+    config.auto_map = {"AutoConfig": "configuration_diff_v2.DiffV2Config",
+                       "AutoModelForCausalLM": "modeling_diff_v2.DiffV2ForCausalLM"}
+  else:
+    import transformers
+    config = getattr(transformers, arch.replace("ForCausalLM", "Config"))(**fields)
+  config.architectures = [arch]
+  return config
+
+
+def export_run(workdir: str | Path, out: str | Path, step: int | None = None) -> dict:
+  """Writes the HF folder for the run's checkpoint (newest, or `step`); returns a summary."""
+  require("transformers", "safetensors", "torch")
+  workdir, out = Path(workdir), Path(out)
+  _check_out(out)
+  spec, record = _read_spec(workdir)
+  weights.check_exportable(spec)
+  if record.get("name") not in ("byte", "bpe", "file", "tiktoken"):
+    raise InteropError(f"{workdir}/tokenizer_record.json: unknown tokenizer {record.get('name')!r}")
+
+  from flax import nnx
+  from safetensors.numpy import save_file
+  from transformers import GenerationConfig
+  from diff_transformer.interop.hf_tokenizer import write_tokenizer
+  from diff_transformer.training.checkpoint import restore_model
+  model, _, step = restore_model(workdir, step=step)
+  _, params, constants = nnx.split(model, nnx.Param, ...)
+  flat = {k: np.asarray(v, np.float32)
+          for k, v in weights.flatten(nnx.to_pure_dict(params)).items()}
+  hf, sidecar = weights.to_hf(spec, flat, weights.flatten(nnx.to_pure_dict(constants)))
+
+  out.mkdir(parents=True, exist_ok=True)
+  eot = int(record["eot_id"])
+  hf_config_object(spec, eot).save_pretrained(str(out))
+  tensors = {k: np.ascontiguousarray(v) for k, v in hf.items()}
+  save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+  if sidecar:
+    save_file({k: np.ascontiguousarray(v) for k, v in sidecar.items()},
+              str(out / weights.SIDECAR), metadata={"format": "np"})
+  GenerationConfig(bos_token_id=eot, eos_token_id=eot, pad_token_id=eot).save_pretrained(str(out))
+  if record["name"] == "tiktoken":
+    print("warning: tiktoken runs are exported without tokenizer files (transformers needs "
+          "its own conversion of the encoding)", flush=True)
+  else:
+    write_tokenizer(record, workdir, out)
+  if spec.variant == "diff_v2":
+    for name in REMOTE_FILES:
+      shutil.copyfile(REMOTE_DIR / name, out / name)
+  summary = dict(run=str(workdir.resolve()), step=int(step), variant=spec.variant,
+                 architecture=weights.ARCHITECTURES[spec.variant], tokenizer=record,
+                 model=spec.__dict__)
+  (out / EXPORT_RECORD).write_text(json.dumps(summary, indent=2, default=str) + "\n")
+  return summary

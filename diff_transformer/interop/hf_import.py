@@ -1,0 +1,121 @@
+"""Start a run from a Hugging Face folder (`--config.init_from_hf=DIR`): the inverse of export.
+
+The folder must hold the model the run's config builds (LlamaForCausalLM for transformer,
+DiffLlamaForCausalLM for diff, an export of this codebase for shared_diff / diff_v2): every shape
+field is compared first and a mismatch is one line naming the config field. Weights are read with
+safetensors only (float32, float16 or bfloat16 files; sharded folders with an index too).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from diff_transformer.interop import InteropError, require, weights
+from diff_transformer.model.spec import ModelSpec
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers some older exports saved
+
+
+def read_hf_config(folder: str | Path) -> dict:
+  """config.json of an HF model folder, or one line saying why the folder is not one."""
+  folder = Path(folder)
+  if not folder.is_dir():
+    raise InteropError(f"init_from_hf: {folder} is not a folder")
+  path = folder / "config.json"
+  if not path.is_file():
+    raise InteropError(f"init_from_hf: {folder} has no config.json; not a Hugging Face model "
+                       "folder")
+  try:
+    return json.loads(path.read_text())
+  except json.JSONDecodeError as e:
+    raise InteropError(f"init_from_hf: {path} is not valid JSON ({e.msg}, line {e.lineno})"
+                       ) from None
+
+
+def check_folder(spec: ModelSpec, folder: str | Path) -> dict:
+  """Cheap checks (config fields, weight files present) before any training work starts."""
+  cfg = read_hf_config(folder)
+  if not cfg.get("architectures"):
+    raise InteropError(f"init_from_hf: {folder}/config.json names no architectures; not a "
+                       "Hugging Face model folder (a training workdir? use --workdir to resume)")
+  weights.check_hf_config(spec, cfg, folder)
+  folder = Path(folder)
+  if not (folder / SINGLE_FILE).is_file() and not (folder / INDEX_FILE).is_file():
+    raise InteropError(f"init_from_hf: {folder} has no {SINGLE_FILE} or {INDEX_FILE} "
+                       "(only safetensors weights are read)")
+  require("safetensors")
+  return cfg
+
+
+def _load_safetensors(path: Path) -> dict[str, np.ndarray]:
+  from safetensors import safe_open
+  out = {}
+  # framework="flax" reads bfloat16 too (numpy has no bfloat16); converted to float32 here.
+  with safe_open(str(path), framework="flax") as f:
+    for name in f.keys():
+      out[name] = np.asarray(f.get_tensor(name), np.float32)
+  return out
+
+
+def read_tensors(folder: str | Path) -> dict[str, np.ndarray]:
+  folder = Path(folder)
+  if (folder / SINGLE_FILE).is_file():
+    tensors = _load_safetensors(folder / SINGLE_FILE)
+  else:
+    index = json.loads((folder / INDEX_FILE).read_text())
+    tensors = {}
+    for shard in sorted(set(index["weight_map"].values())):
+      if not (folder / shard).is_file():
+        raise InteropError(f"init_from_hf: {folder / shard} (listed in {INDEX_FILE}) is missing")
+      tensors.update(_load_safetensors(folder / shard))
+  return {k: v for k, v in tensors.items() if not k.endswith(IGNORED_SUFFIXES)}
+
+
+def import_params(spec: ModelSpec, folder: str | Path) -> dict[str, np.ndarray]:
+  """Our flat float32 parameters ("blocks.attn.wq.kernel", ...) from an HF folder."""
+  check_folder(spec, folder)
+  folder = Path(folder)
+  hf = read_tensors(folder)
+  sidecar_path = folder / weights.SIDECAR
+  sidecar = _load_safetensors(sidecar_path) if sidecar_path.is_file() else None
+  params = weights.from_hf(spec, hf, sidecar, folder=str(folder))
+  used = set(weights.to_hf(spec, params, _constants(spec))[0])
+  if spec.tie_embeddings and "lm_head.weight" in hf:  # some writers save the tied copy
+    if not np.array_equal(hf["lm_head.weight"], hf["model.embed_tokens.weight"]):
+      raise InteropError(f"model.tie_embeddings: {folder} has an lm_head.weight of its own; "
+                         "set model.tie_embeddings=False")
+    used.add("lm_head.weight")
+  extra = sorted(set(hf) - used)
+  if extra:
+    raise InteropError(f"init_from_hf: {folder} has tensor {extra[0]} that this model has no "
+                       f"place for ({len(extra)} such tensors; biases?)")
+  return params
+
+
+def _constants(spec: ModelSpec) -> dict[str, np.ndarray]:
+  """The per-layer lambda_init both sides compute from the 0-based layer index."""
+  if spec.variant not in ("diff", "shared_diff"):
+    return {}
+  return {"blocks.attn.lambda_init": np.asarray(
+      [weights.lambda_init(l) for l in range(spec.num_layers)], np.float32)}
+
+
+def into_state(state: dict, params: dict[str, np.ndarray], folder) -> dict:
+  """`state` (a fresh train state) with its parameters replaced by `params`, same shardings."""
+  import jax
+
+  def take(path, leaf):
+    name = ".".join(str(k.key) for k in path)
+    if name not in params:
+      raise InteropError(f"init_from_hf: {folder} gives no value for parameter {name}")
+    value = params[name]
+    if value.shape != leaf.shape:
+      raise InteropError(f"init_from_hf: parameter {name} has shape {value.shape} in {folder}, "
+                         f"this config needs {leaf.shape}")
+    return jax.device_put(value.astype(leaf.dtype), leaf.sharding)
+
+  return dict(state, params=jax.tree_util.tree_map_with_path(take, state["params"]))

@@ -1,0 +1,161 @@
+"""export.py: every variant (MHA and GQA, tied and untied) loads in transformers with equal logits
+(<= 1e-4, float32) and equal greedy generations; what a target cannot hold is refused in one line."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("safetensors")
+
+from tests import hf_runs  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+CASES = [  # (variant, gqa, tie, extra model fields)
+    ("transformer", True, False, {}),
+    ("transformer", False, True, {}),
+    ("transformer", True, False, {"rope_pairs": "half"}),
+    ("diff", True, True, {}),
+    ("diff", False, False, {"dtype": "bfloat16"}),
+    ("shared_diff", True, False, {}),
+    ("shared_diff", False, True, {}),
+    ("diff_v2", True, False, {}),
+    ("diff_v2", False, True, {}),
+]
+MAX_DIFF: dict[str, float] = {}
+
+
+def _id(case) -> str:
+  variant, gqa, tie, extra = case
+  return "-".join([variant, "gqa" if gqa else "mha", "tied" if tie else "untied", *extra.values()])
+
+
+@pytest.fixture(scope="module", params=CASES, ids=_id)
+def exported(request, tmp_path_factory):
+  from diff_transformer.interop.export import export_run
+  variant, gqa, tie, extra = request.param
+  tmp = tmp_path_factory.mktemp(_id(request.param))
+  workdir = hf_runs.make_run(tmp / "run", hf_runs.run_config(variant, gqa=gqa, tie=tie, **extra))
+  export_run(workdir, tmp / "hf")
+  return request.param, workdir, tmp / "hf"
+
+
+def _ours_float32(workdir: Path):
+  """The restored model computing in float32 (a bfloat16 run's float32 master weights)."""
+  import dataclasses
+  from flax import nnx
+  model = hf_runs.restored(workdir)
+  graphdef, state = nnx.split(model)
+  spec = dataclasses.replace(model.spec, dtype="float32")
+  from diff_transformer.model import build_model
+  fresh = build_model(spec, nnx.Rngs(0))
+  nnx.update(fresh, state)
+  return fresh
+
+
+def test_logits_and_greedy_generation_match(exported):
+  import jax.numpy as jnp
+  import torch
+  import transformers
+  from diff_transformer.evaluation import decoding
+  from diff_transformer.evaluation.common import Fns
+  (variant, _, tie, _), workdir, out = exported
+  hf = transformers.AutoModelForCausalLM.from_pretrained(
+      out, dtype=torch.float32, trust_remote_code=variant == "diff_v2").eval()
+  expected = {"transformer": "LlamaForCausalLM", "diff_v2": "DiffV2ForCausalLM"}.get(
+      variant, "DiffLlamaForCausalLM")
+  assert type(hf).__name__ == expected
+  assert hf.config.tie_word_embeddings == tie
+  ours = _ours_float32(workdir)
+  tokens = hf_runs.random_tokens(3, 48)
+  with torch.no_grad():
+    theirs = hf(torch.from_numpy(tokens)).logits.numpy()
+  mine = np.asarray(ours(jnp.asarray(tokens)))
+  diff = float(np.abs(mine - theirs).max())
+  MAX_DIFF[_id(exported[0])] = diff
+  print(f"{_id(exported[0])}: max |logit diff| {diff:.2e}")
+  assert diff <= 1e-4
+  prompts = hf_runs.random_tokens(2, 8, seed=1)
+  with torch.no_grad():
+    hf_out = hf.generate(torch.from_numpy(prompts), max_new_tokens=32, do_sample=False,
+                         min_new_tokens=32)[:, prompts.shape[1]:].numpy()
+  mine = decoding.generate(Fns(ours), prompts.tolist(), 32)
+  assert hf_out.tolist() == mine
+
+
+def test_tokenizer_and_generation_config(exported):
+  import transformers
+  from diff_transformer.data.tokenizer import ByteTokenizer
+  (variant, _, _, _), _, out = exported
+  tok = transformers.AutoTokenizer.from_pretrained(out, trust_remote_code=variant == "diff_v2")
+  text = "Exported: héllo wörld\n\t🙂"
+  assert tok(text)["input_ids"] == ByteTokenizer().encode(text)
+  assert tok.decode(tok(text)["input_ids"]) == text
+  gen = transformers.GenerationConfig.from_pretrained(out)
+  assert gen.eos_token_id == ByteTokenizer.eot_id == tok.eos_token_id
+
+
+@pytest.mark.parametrize("field,value,needle", [
+    ("subln", False, "model.subln"),
+    ("lambda_init", 0.8, "model.lambda_init"),
+    ("v2_pairing", "halves", "model.v2_pairing"),
+    ("v2_lambda", "none", "model.v2_lambda"),
+])
+def test_refuses_what_the_target_cannot_hold(tmp_path, field, value, needle):
+  from diff_transformer.interop import InteropError
+  from diff_transformer.interop.export import export_run
+  config = hf_runs.run_config("diff_v2" if field.startswith("v2_") else "diff", **{field: value})
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  (workdir / "config.json").write_text(config.to_json_best_effort())
+  (workdir / "tokenizer_record.json").write_text("{}")
+  with pytest.raises(InteropError, match=needle) as e:
+    export_run(workdir, tmp_path / "hf")
+  assert "\n" not in str(e.value)
+  assert not (tmp_path / "hf").exists()
+
+
+def test_cli_exports_and_bad_inputs_are_one_line(tmp_path):
+  import os
+  workdir = hf_runs.make_run(tmp_path / "run", hf_runs.run_config("transformer"))
+  env = dict(os.environ, JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
+  export = lambda *args: subprocess.run([sys.executable, str(ROOT / "export.py"), *args],
+                                        cwd=ROOT, env=env, capture_output=True, text=True,
+                                        timeout=300)
+  ok = export(f"--workdir={workdir}", f"--out={tmp_path / 'hf'}")
+  assert ok.returncode == 0, ok.stderr
+  assert (tmp_path / "hf" / "model.safetensors").is_file()
+  cases = [([f"--workdir={tmp_path}", f"--out={tmp_path / 'x'}"], "not a training workdir"),
+           ([f"--workdir={workdir}", f"--out={tmp_path / 'hf'}"], "is not an empty folder"),
+           ([f"--workdir={workdir}", f"--out={tmp_path / 'y'}", "--step=7"],
+            "no checkpoint for step 7")]
+  for args, needle in cases:
+    r = export(*args)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode != 0
+    assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], r.stderr
+
+
+def test_users_tokenizer_file_is_exported(tmp_path):
+  """A run on a user's tokenizers file (prepare_data.py --tokenizer_file) exports that file, with
+  its own end-of-text token as EOS."""
+  import json
+  import transformers
+  from diff_transformer.data import describe
+  from diff_transformer.data.tokenizer import FileTokenizer
+  from diff_transformer.interop.export import export_run
+  from tests.test_tokenizer_file import _user_tokenizer
+  workdir = hf_runs.make_run(tmp_path / "run", hf_runs.run_config("diff"))
+  user = _user_tokenizer(workdir / "tokenizer.json", ["the king and the sea, a letter"] * 20)
+  tok = FileTokenizer.from_file(user)
+  (workdir / "tokenizer_record.json").write_text(json.dumps(describe(tok)))
+  export_run(workdir, tmp_path / "hf")
+  hf_tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+  text = "the sea king wrote a letter"
+  assert hf_tok(text)["input_ids"] == tok.encode(text)
+  assert hf_tok.eos_token == "</s>" and hf_tok.eos_token_id == tok.eot_id

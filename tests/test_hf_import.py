@@ -1,0 +1,163 @@
+"""--config.init_from_hf: an export imports back bit for bit; a stock Llama / DiffLlama built
+locally from a config imports with equal logits; wrong folders and shapes are one line each."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("safetensors")
+
+from tests import hf_runs  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _flat_params(model):
+  from flax import nnx
+  from diff_transformer.interop import weights
+  return weights.flatten(nnx.to_pure_dict(nnx.split(model, nnx.Param, ...)[1]))
+
+
+@pytest.mark.parametrize("variant,tie", [("transformer", False), ("diff", True),
+                                         ("shared_diff", False), ("diff_v2", True)])
+def test_export_import_round_trip_is_bitwise(tmp_path, variant, tie):
+  from diff_transformer.interop.export import export_run
+  from diff_transformer.interop.hf_import import import_params
+  config = hf_runs.run_config(variant, tie=tie)
+  workdir = hf_runs.make_run(tmp_path / "run", config)
+  export_run(workdir, tmp_path / "hf")
+  model = hf_runs.restored(workdir)
+  original = _flat_params(model)
+  imported = import_params(model.spec, tmp_path / "hf")
+  assert set(imported) == set(original)
+  for name, value in original.items():
+    assert imported[name].dtype == value.dtype and np.array_equal(imported[name], value), name
+
+
+def test_diff_without_sidecar_keeps_logits(tmp_path):
+  """DiffLlama's own weights (no sidecar: the gain stays folded into o_proj) give the same model."""
+  import jax.numpy as jnp
+  from flax import nnx
+  from diff_transformer.interop import weights
+  from diff_transformer.interop.export import export_run
+  from diff_transformer.interop.hf_import import import_params
+  from diff_transformer.model import build_model
+  workdir = hf_runs.make_run(tmp_path / "run", hf_runs.run_config("diff"))
+  export_run(workdir, tmp_path / "hf")
+  (tmp_path / "hf" / weights.SIDECAR).unlink()
+  model = hf_runs.restored(workdir)
+  imported = import_params(model.spec, tmp_path / "hf")
+  assert np.all(imported["blocks.attn.subln_scale"] == 1.0)
+  fresh = build_model(model.spec, nnx.Rngs(1))
+  _, params, _ = nnx.split(fresh, nnx.Param, ...)
+  nnx.replace_by_pure_dict(params, weights.unflatten(imported))
+  nnx.update(fresh, params)
+  tokens = jnp.asarray(hf_runs.random_tokens(2, 40))
+  assert float(jnp.abs(fresh(tokens) - model(tokens)).max()) <= 1e-4
+
+
+@pytest.mark.parametrize("arch,variant,tie", [("Llama", "transformer", True),
+                                              ("DiffLlama", "diff", False)])
+def test_stock_random_model_imports_with_equal_logits(tmp_path, arch, variant, tie):
+  """A randomly initialised stock model (built here from a config, nothing downloaded) saved
+  with save_pretrained and imported gives transformers' logits."""
+  import jax.numpy as jnp
+  import torch
+  import transformers
+  from flax import nnx
+  from diff_transformer.interop import weights
+  from diff_transformer.interop.hf_import import import_params
+  from diff_transformer.model import build_model
+  from diff_transformer.model.spec import ModelSpec
+  config = hf_runs.run_config(variant, tie=tie)
+  spec = ModelSpec.from_config(config.model)
+  fields = weights.hf_config(spec, 256)
+  fields.pop("architectures")
+  torch.manual_seed(0)
+  hf = getattr(transformers, f"{arch}ForCausalLM")(getattr(transformers, f"{arch}Config")(**fields))
+  with torch.no_grad():  # move norm gains and lambdas off their init so mistakes show
+    for name, p in hf.named_parameters():
+      if "norm" in name or "lambda" in name:
+        p.add_(0.3 * torch.randn_like(p))
+  hf.eval().save_pretrained(tmp_path / "hf")
+  model = build_model(spec, nnx.Rngs(1))
+  _, params, _ = nnx.split(model, nnx.Param, ...)
+  nnx.replace_by_pure_dict(params, weights.unflatten(import_params(spec, tmp_path / "hf")))
+  nnx.update(model, params)
+  tokens = hf_runs.random_tokens(2, 40)
+  with torch.no_grad():
+    theirs = hf(torch.from_numpy(tokens)).logits.numpy()
+  mine = np.asarray(model(jnp.asarray(tokens)))
+  diff = float(np.abs(mine - theirs).max())
+  print(f"{arch} stock import: max |logit diff| {diff:.2e}")
+  assert diff <= 1e-4
+
+
+def test_bad_folders_and_shapes_are_one_line(tmp_path):
+  from diff_transformer.interop import InteropError
+  from diff_transformer.interop.export import export_run
+  from diff_transformer.interop.hf_import import import_params
+  from diff_transformer.model.spec import ModelSpec
+  workdir = hf_runs.make_run(tmp_path / "run", hf_runs.run_config("transformer"))
+  export_run(workdir, tmp_path / "hf")
+  spec = lambda variant, **kw: ModelSpec.from_config(hf_runs.run_config(variant, **kw).model)
+  (tmp_path / "empty").mkdir()
+  cases = [
+      (spec("transformer"), tmp_path / "nowhere", "is not a folder"),
+      (spec("transformer"), tmp_path / "empty", "no config.json"),
+      (spec("diff"), tmp_path / "hf", "model.variant"),
+      (spec("transformer", gqa=False), tmp_path / "hf", "model.num_kv_heads"),
+      (spec("transformer", ffn_dim=96), tmp_path / "hf", "model.ffn_dim"),
+      (spec("transformer", tie=True), tmp_path / "hf", "model.tie_embeddings"),
+  ]
+  for s, folder, needle in cases:
+    with pytest.raises(InteropError, match=needle) as e:
+      import_params(s, folder)
+    assert "\n" not in str(e.value)
+  # A tensor whose shape disagrees with its own config.json.
+  cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
+  from safetensors.numpy import load_file, save_file
+  tensors = load_file(tmp_path / "hf" / "model.safetensors")
+  tensors["model.norm.weight"] = tensors["model.norm.weight"][:-1]
+  save_file(tensors, tmp_path / "hf" / "model.safetensors", metadata={"format": "pt"})
+  with pytest.raises(InteropError, match="model.norm.weight has shape"):
+    import_params(spec("transformer"), tmp_path / "hf")
+  del cfg
+
+
+def test_train_starts_from_hf_folder(tmp_path):
+  """train.py --config.init_from_hf=DIR --config.train.steps=0 writes the imported weights as
+  checkpoint step 0 (what eval.py then reads); a wrong folder is one line."""
+  from tests.test_training_runs import tiny_flags, write_corpus
+  from diff_transformer.interop.export import export_run
+  write_corpus(tmp_path / "corpus", docs=6)
+  env = dict(os.environ, JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
+  subprocess.run([sys.executable, str(ROOT / "prepare_data.py"), f"--input={tmp_path / 'corpus'}",
+                  f"--output={tmp_path / 'data'}", "--tokenizer=byte"], cwd=ROOT, env=env,
+                 check=True, capture_output=True)
+  config = hf_runs.run_config("diff")
+  workdir = hf_runs.make_run(tmp_path / "src", config)
+  export_run(workdir, tmp_path / "hf")
+  flags = tiny_flags(tmp_path / "data", **{
+      "model.variant": "diff", "model.num_layers": 3, "model.num_heads": 2, "model.num_kv_heads": 1,
+      "model.max_seq_len": 64, "model.vocab_size": hf_runs.VOCAB, "train.steps": 0})
+  run = lambda *extra: subprocess.run(
+      [sys.executable, str(ROOT / "train.py"), f"--workdir={tmp_path / 'new'}", *flags, *extra],
+      cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+  bad = run(f"--config.init_from_hf={tmp_path / 'run'}")
+  lines = bad.stderr.strip().splitlines()
+  assert bad.returncode != 0 and lines[-1].startswith("error:") and "init_from_hf" in lines[-1]
+  assert not any("Traceback" in l for l in lines), bad.stderr
+  ok = run(f"--config.init_from_hf={tmp_path / 'hf'}")
+  assert ok.returncode == 0, ok.stderr
+  imported = _flat_params(hf_runs.restored(tmp_path / "new"))
+  original = _flat_params(hf_runs.restored(workdir))
+  assert all(np.array_equal(imported[k], original[k]) for k in original)

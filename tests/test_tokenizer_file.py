@@ -1,0 +1,138 @@
+"""prepare_data.py --tokenizer_file: a user's `tokenizers` file is used as it is, recorded and
+checksummed like the built-in BPE (round trip, end-of-text found), and a run whose tokenizer file
+changed is refused on resume in one line."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from diff_transformer.data import DataError, prepare_files
+from diff_transformer.data.tokenizer import FileTokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _user_tokenizer(path: Path, texts: list[str]) -> Path:
+  """A byte-level BPE made with `tokenizers` as a user would, with </s> as its end-of-text."""
+  from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+  tok = Tokenizer(models.BPE())
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tok.decoder = decoders.ByteLevel()
+  tok.train_from_iterator(texts, trainers.BpeTrainer(
+      vocab_size=300, special_tokens=["<s>", "</s>"], show_progress=False,
+      initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tok.save(str(path))
+  return path
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+  from tests.test_training_runs import write_corpus
+  tmp = tmp_path_factory.mktemp("tokfile")
+  write_corpus(tmp / "corpus", docs=8)
+  texts = [p.read_text() for p in sorted((tmp / "corpus").iterdir())]
+  user = _user_tokenizer(tmp / "user" / "tokenizer.json", texts)
+  meta = prepare_files([tmp / "corpus"], tmp / "data", tokenizer="file", tokenizer_file=user,
+                       progress=False)
+  return tmp, user, meta
+
+
+def test_file_tokenizer_is_recorded_and_round_trips(prepared):
+  tmp, user, meta = prepared
+  tok = FileTokenizer.from_file(tmp / "data" / "tokenizer.json")
+  assert (tmp / "data" / "tokenizer.json").read_bytes() == user.read_bytes()
+  assert meta["tokenizer"]["name"] == "file" and tok.eot_token == "</s>"
+  assert meta["tokenizer"]["eot_id"] == tok.eot_id and meta["tokenizer"]["checksum"] == tok.checksum
+  text = "The king's letter, a ghost at sea: \u00e9t\u00e9 \U0001f642\n"
+  assert tok.decode(tok.encode(text)) == text
+
+
+def test_bad_tokenizer_file_is_one_line(tmp_path, prepared):
+  tmp, _, _ = prepared
+  bad = tmp_path / "tokenizer.json"
+  bad.write_text("{not json")
+  for path, needle in ((tmp_path / "missing.json", "not found"), (bad, "not a Hugging Face")):
+    with pytest.raises(DataError, match=needle) as e:
+      prepare_files([tmp / "corpus"], tmp_path / "out", tokenizer="file", tokenizer_file=path)
+    assert "\n" not in str(e.value)
+  assert not (tmp_path / "out").exists()
+
+
+def test_changed_tokenizer_file_is_refused_on_resume(prepared, tmp_path):
+  from tokenizers import Tokenizer
+  from tests.test_training_runs import tiny_flags
+  tmp, _, _ = prepared
+  data = tmp_path / "data"
+  import shutil
+  shutil.copytree(tmp / "data", data)
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
+  flags = tiny_flags(data, **{"data.tokenizer": "file", "model.vocab_size": 384,
+                              "train.steps": 2, "train.eval_every": 2})
+  train = lambda *extra: subprocess.run(
+      [sys.executable, str(ROOT / "train.py"), f"--workdir={tmp_path / 'run'}", *flags, *extra],
+      cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+  first = train()
+  assert first.returncode == 0, first.stderr[-2000:]
+  record = json.loads((tmp_path / "run" / "tokenizer_record.json").read_text())
+  assert record["name"] == "file" and record["vocab_padding"] == 384 - record["vocab_size"]
+  assert (tmp_path / "run" / "tokenizer.json").read_bytes() == (data / "tokenizer.json").read_bytes()
+  tok = Tokenizer.from_file(str(data / "tokenizer.json"))
+  tok.add_tokens(["castle-of-the-king"])
+  tok.save(str(data / "tokenizer.json"))
+  again = train("--config.train.steps=4")
+  lines = again.stderr.strip().splitlines()
+  assert again.returncode != 0 and lines[-1].startswith("error:") and "tokenizer" in lines[-1]
+  assert not any("Traceback" in l for l in lines), again.stderr[-2000:]
+
+
+def _tiktoken_file(path: Path, text: str) -> Path:
+  """A small .tiktoken ranks file trained with tiktoken's own reference trainer."""
+  import base64
+  from tiktoken._educational import bpe_train
+  from tiktoken_ext.openai_public import r50k_pat_str
+  ranks = bpe_train(text, 270, r50k_pat_str)
+  path.write_text("".join(f"{base64.b64encode(t).decode()} {r}\n" for t, r in ranks.items()))
+  return path
+
+
+def test_tiktoken_file_is_recorded_round_trips_and_is_refused_if_changed(prepared, tmp_path):
+  pytest.importorskip("tiktoken")
+  from diff_transformer.data import load_dataset
+  from diff_transformer.config import base_config
+  tmp, _, _ = prepared
+  text = "".join(p.read_text() for p in sorted((tmp / "corpus").iterdir())[:2])
+  ranks = _tiktoken_file(tmp_path / "r50k_base.tiktoken", text)
+  meta = prepare_files([tmp / "corpus"], tmp_path / "data", tokenizer="tiktoken",
+                       tokenizer_file=ranks, progress=False)
+  record = meta["tokenizer"]
+  assert record["name"] == "tiktoken" and record["encoding"] == "r50k_base"
+  assert record["eot_id"] == 50256 and record["vocab_size"] == 50257
+  config = base_config().data
+  config.update(dict(name="prepared", path=str(tmp_path / "data"), tokenizer="tiktoken", seq_len=32))
+  tok = load_dataset(config).tokenizer
+  sample = "The king's ghost, at sea: \u00e9t\u00e9 \U0001f642 <|endoftext|>\n"
+  assert tok.decode(tok.encode(sample)) == sample
+  lines = (tmp_path / "data" / "tokenizer.tiktoken").read_text().splitlines()
+  (tmp_path / "data" / "tokenizer.tiktoken").write_text("\n".join(lines[:-1]) + "\n")
+  with pytest.raises(DataError, match="tokenizer mismatch") as e:
+    load_dataset(config)
+  assert "\n" not in str(e.value)
+  with pytest.raises(DataError, match="unknown encoding 'nope'"):
+    prepare_files([tmp / "corpus"], tmp_path / "x", tokenizer="tiktoken", tokenizer_file=ranks,
+                  tiktoken_encoding="nope")
+
+
+def test_parallel_tokenization_writes_the_same_files(prepared, tmp_path):
+  """Two worker processes give byte-identical token files to one process."""
+  tmp, user, _ = prepared
+  meta = prepare_files([tmp / "corpus"], tmp_path / "two", tokenizer="file", tokenizer_file=user,
+                       progress=False, workers=2)
+  assert meta["tokenize"]["processes"] == 2 and meta["tokenize"]["tokens_per_s"] > 0
+  for name in ("train.bin", "val.bin", "train.idx.npy", "val.idx.npy", "tokenizer.json"):
+    assert (tmp_path / "two" / name).read_bytes() == (tmp / "data" / name).read_bytes(), name
