@@ -105,6 +105,7 @@ def test_tokenizer_and_generation_config(exported):
     ("lambda_init", 0.8, "model.lambda_init"),
     ("v2_pairing", "halves", "model.v2_pairing"),
     ("v2_lambda", "none", "model.v2_lambda"),
+    ("short_conv", 4, "model.short_conv"),
 ])
 def test_refuses_what_the_target_cannot_hold(tmp_path, field, value, needle):
   from diff_transformer.interop import InteropError

@@ -61,6 +61,9 @@ def unflatten(flat: Params) -> dict:
 # ---- what a target class can hold exactly -----------------------------------------------------
 def check_exportable(spec: ModelSpec) -> None:
   """Refuses, in one line naming the field, what the target class cannot represent exactly."""
+  if spec.short_conv:
+    raise InteropError(f"model.short_conv: {spec.short_conv} (a short convolution before "
+                       "attention) has no equivalent in the Hugging Face classes")
   if spec.variant in ("diff", "shared_diff"):
     if not spec.subln:
       raise InteropError("model.subln: False (no sub-layer norm) has no equivalent in "
