@@ -17,4 +17,10 @@ if [ -f runs/sweeps/cpu/report.md ]; then
   cp runs/sweeps/cpu/results.json runs/sweeps/cpu/*.png docs/results/sweep_cpu/
   sed "s/^#/###/" runs/sweeps/cpu/report.md > docs/results/sweep_cpu/report.md
 fi
+if [ -f runs/studies/retrieval/report.md ]; then
+  mkdir -p docs/results/study_retrieval
+  cp runs/studies/retrieval/study.json runs/studies/retrieval/*.png docs/results/study_retrieval/
+  sed -e 's#](\([a-z_0-9]*\.png\))#](docs/results/study_retrieval/\1)#g' -e "s/^#/###/" \
+    runs/studies/retrieval/report.md > docs/results/study_retrieval/report.md
+fi
 python tools/readme_tables.py
