@@ -10,7 +10,7 @@ import sys
 
 from tqdm import tqdm
 
-from diff_transformer.sweeps.definition import Sweep
+from diff_transformer.sweeps.definition import Sweep, SweepError
 
 SUMMARY = "summary.json"  # written by the trainer when a run reaches its last step
 
@@ -37,7 +37,7 @@ def run(sweep: Sweep, sweep_file: str, root: str, *, mode: str = "local", launch
   """Returns {point: 'skipped' | 'ran' | 'printed'}; raises on a failed local run."""
   sweep.validate()
   if mode not in ("local", "print"):
-    raise ValueError(f"--mode: '{mode}' is not one of local, print")
+    raise SweepError(f"--mode: '{mode}' is not one of local, print")
   status = {}
   todo = []
   for point in sweep.points():
@@ -58,7 +58,7 @@ def run(sweep: Sweep, sweep_file: str, root: str, *, mode: str = "local", launch
       result = subprocess.run(command(sweep_file, point, workdir) + list(extra_args),
                               stdout=log, stderr=subprocess.STDOUT)
     if result.returncode != 0:
-      raise RuntimeError(f"sweep point {point} failed (exit {result.returncode}); see "
+      raise SweepError(f"sweep point {point} failed (exit {result.returncode}); see "
                          f"{os.path.join(workdir, 'sweep.log')}; rerun to resume it")
     status[point] = "ran"
   return status
