@@ -2,7 +2,6 @@
 finished points; interrupted points resume from their checkpoints (train.py does that)."""
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import subprocess
@@ -10,6 +9,7 @@ import sys
 
 from tqdm import tqdm
 
+from diff_transformer.errors import read_json
 from diff_transformer.sweeps.definition import Sweep, SweepError
 
 SUMMARY = "summary.json"  # written by the trainer when a run reaches its last step
@@ -19,8 +19,7 @@ def read_summary(workdir: str) -> dict | None:
   path = os.path.join(workdir, SUMMARY)
   if not os.path.exists(path):
     return None
-  with open(path) as f:
-    return json.load(f)
+  return read_json(path, SweepError)
 
 
 def finished(sweep: Sweep, point: str, workdir: str) -> bool:
