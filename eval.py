@@ -7,13 +7,11 @@ runs the suites and writes <workdir>/eval/<suite>.json, plots and report.md.
 """
 from __future__ import annotations
 
-import sys
-
 from diff_transformer import cli
 
 cli.default_platform()
 
-from absl import app, flags, logging  # noqa: E402
+from absl import flags, logging  # noqa: E402
 
 from diff_transformer.evaluation import (SUITES, EvalError, Settings, evaluate,  # noqa: E402
                                          parse_suites)
@@ -79,26 +77,23 @@ def _mesh():
 
 def main(argv):
   logging.set_verbosity(logging.WARNING)  # orbax logs every restore detail at INFO
-  try:
-    if FLAGS.compare:
-      from diff_transformer.evaluation import report
-      from pathlib import Path
-      path = report.compare(argv[1:], Path(FLAGS.compare_dir) if FLAGS.compare_dir else None)
-      print(f"Comparison written to {path}")
-      return
-    if len(argv) > 1:
-      raise EvalError(f"unexpected arguments {' '.join(argv[1:])} (runs to compare need "
-                      "--compare)")
-    suites = parse_suites(FLAGS.suites, task=None)  # which apply: known once it is restored
-    settings = Settings.for_mode(
-        FLAGS.quick, **{name: FLAGS[name].value for name in _SETTINGS_FLAGS},
-        needle_lengths=_ints(FLAGS.needle_lengths, "needle_lengths"),
-        needle_configs=_pairs(FLAGS.needle_configs))
-    evaluate(FLAGS.workdir, suites, step=FLAGS.step, mesh=_mesh(), settings=settings)
-    print(f"Report: {FLAGS.workdir}/eval/report.md")
-  except EvalError as e:
-    sys.exit(f"error: {e}")
+  if FLAGS.compare:
+    from diff_transformer.evaluation import report
+    from pathlib import Path
+    path = report.compare(argv[1:], Path(FLAGS.compare_dir) if FLAGS.compare_dir else None)
+    print(f"Comparison written to {path}")
+    return
+  if len(argv) > 1:
+    raise EvalError(f"unexpected arguments {' '.join(argv[1:])} (runs to compare need "
+                    "--compare)")
+  suites = parse_suites(FLAGS.suites, task=None)  # which apply: known once it is restored
+  settings = Settings.for_mode(
+      FLAGS.quick, **{name: FLAGS[name].value for name in _SETTINGS_FLAGS},
+      needle_lengths=_ints(FLAGS.needle_lengths, "needle_lengths"),
+      needle_configs=_pairs(FLAGS.needle_configs))
+  evaluate(FLAGS.workdir, suites, step=FLAGS.step, mesh=_mesh(), settings=settings)
+  print(f"Report: {FLAGS.workdir}/eval/report.md")
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=cli.parse_flags)
+  cli.run(main)

@@ -7,13 +7,12 @@ custom code), diff_v2 -> a bundled modelling file (trust_remote_code=True). Need
 from __future__ import annotations
 
 import json
-import sys
 
 from diff_transformer import cli
 
 cli.default_platform()
 
-from absl import app, flags  # noqa: E402
+from absl import flags  # noqa: E402
 
 flags.DEFINE_string("workdir", None, "Training run directory (config.json + checkpoints/).")
 flags.DEFINE_integer("step", None, "Checkpoint step to export (default: the newest readable).")
@@ -26,19 +25,12 @@ def main(argv):
   del argv
   from absl import logging
   logging.set_verbosity(logging.ERROR)  # orbax warns about read-only restores
-  from diff_transformer.data import DataError
-  from diff_transformer.interop import InteropError
   from diff_transformer.interop.export import export_run
-  from diff_transformer.training import TrainError
-  try:
-    summary = export_run(FLAGS.workdir, FLAGS.out, FLAGS.step)
-  except (InteropError, TrainError, DataError) as e:
-    sys.unraisablehook = lambda unraisable: None
-    sys.exit(f"error: {e}")
+  summary = export_run(FLAGS.workdir, FLAGS.out, FLAGS.step)
   print(f"Exported {summary['variant']} step {summary['step']} as {summary['architecture']} "
         f"to {FLAGS.out}")
   print(json.dumps(dict(step=summary["step"], architecture=summary["architecture"])))
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=cli.parse_flags)
+  cli.run(main)

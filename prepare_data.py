@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 
+from diff_transformer import cli
 from diff_transformer.config import base_config
 from diff_transformer.data import DataError, load_dataset, prepare_files
 from diff_transformer.data.tokenizer import TOKENIZERS
@@ -50,29 +50,25 @@ def main(argv: list[str] | None = None) -> int:
   p.add_argument("--cache_dir", default=defaults.cache_dir)
   args = p.parse_args(argv)
   start = time.time()
-  try:
-    if args.shakespeare:
-      cfg = defaults
-      cfg.update(dict(tokenizer=args.tokenizer, bpe_vocab_size=args.bpe_vocab_size,
-                      val_fraction=args.val_fraction, cache_dir=args.cache_dir))
-      ds = load_dataset(cfg)
-      meta, out = ds.metadata, ds.path
-    else:
-      if not args.output:
-        raise DataError("--output: required (the directory to write)")
-      if args.tokenizer_file and args.tiktoken_file:
-        raise DataError("--tokenizer_file, --tiktoken_file: give one of them")
-      if args.tokenizer_file or args.tiktoken_file:
-        args.tokenizer = "file" if args.tokenizer_file else "tiktoken"
-      meta = prepare_files(args.input, args.output, tokenizer=args.tokenizer,
-                           tokenizer_file=args.tokenizer_file or args.tiktoken_file or None,
-                           tiktoken_encoding=args.tiktoken_encoding, workers=args.workers,
-                           bpe_vocab_size=args.bpe_vocab_size, val_fraction=args.val_fraction,
-                           text_field=args.text_field, force=args.force)
-      out = args.output
-  except DataError as e:
-    print(f"prepare_data.py: error: {e}", file=sys.stderr)
-    return 2
+  if args.shakespeare:
+    cfg = defaults
+    cfg.update(dict(tokenizer=args.tokenizer, bpe_vocab_size=args.bpe_vocab_size,
+                    val_fraction=args.val_fraction, cache_dir=args.cache_dir))
+    ds = load_dataset(cfg)
+    meta, out = ds.metadata, ds.path
+  else:
+    if not args.output:
+      raise DataError("--output: required (the directory to write)")
+    if args.tokenizer_file and args.tiktoken_file:
+      raise DataError("--tokenizer_file, --tiktoken_file: give one of them")
+    if args.tokenizer_file or args.tiktoken_file:
+      args.tokenizer = "file" if args.tokenizer_file else "tiktoken"
+    meta = prepare_files(args.input, args.output, tokenizer=args.tokenizer,
+                         tokenizer_file=args.tokenizer_file or args.tiktoken_file or None,
+                         tiktoken_encoding=args.tiktoken_encoding, workers=args.workers,
+                         bpe_vocab_size=args.bpe_vocab_size, val_fraction=args.val_fraction,
+                         text_field=args.text_field, force=args.force)
+    out = args.output
   summary = {s: {k: v for k, v in meta["splits"][s].items() if k != "document_names"}
              for s in meta["splits"]}
   print(json.dumps(dict(output=str(out), tokenizer=meta["tokenizer"], dtype=meta["dtype"],
@@ -87,4 +83,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  cli.run(main, absl_flags=False)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib.util
 import shlex
-import sys
 import time
 from pathlib import Path
 
@@ -19,10 +18,9 @@ from diff_transformer import cli
 
 cli.default_platform()
 
-from absl import app, flags, logging  # noqa: E402
+from absl import flags, logging  # noqa: E402
 
 from diff_transformer.config import ConfigError  # noqa: E402
-from diff_transformer.evaluation import EvalError  # noqa: E402
 from diff_transformer.study import report, runner  # noqa: E402
 
 flags.DEFINE_string("study", "configs/studies/retrieval.py", "Study file (defines STUDY).")
@@ -51,15 +49,12 @@ def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
   start = time.perf_counter()
-  try:
-    study = load_study(FLAGS.study).validate()  # the whole file, also when running --quick
-    if FLAGS.quick:
-      study = study.quick().validate()
-    root = Path(FLAGS.root or Path("runs") / "studies" / study.name)
-    status = runner.run(study, FLAGS.study, root)
-    runs = runner.collect(study, root)
-  except (ConfigError, EvalError, RuntimeError, ValueError) as e:
-    sys.exit(f"error: {e}")
+  study = load_study(FLAGS.study).validate()  # the whole file, also when running --quick
+  if FLAGS.quick:
+    study = study.quick().validate()
+  root = Path(FLAGS.root or Path("runs") / "studies" / study.name)
+  status = runner.run(study, FLAGS.study, root)
+  runs = runner.collect(study, root)
   command = shlex.join(["python", "study.py", f"--study={FLAGS.study}", f"--root={root}"] +
                        (["--quick"] if FLAGS.quick else []))
   result = report.build(study, runs, time.perf_counter() - start, command)
@@ -69,4 +64,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=cli.parse_flags)
+  cli.run(main)

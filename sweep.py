@@ -10,16 +10,17 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import sys
+import traceback
 
 from diff_transformer import cli
 
 cli.default_platform()
 
-from absl import app, flags  # noqa: E402
+from absl import flags  # noqa: E402
 
-from diff_transformer.config import ConfigError  # noqa: E402
+from diff_transformer.errors import UserError, first_line  # noqa: E402
 from diff_transformer.sweeps import report, runner  # noqa: E402
+from diff_transformer.sweeps.definition import SweepError  # noqa: E402
 
 flags.DEFINE_string("sweep", "configs/sweeps/cpu.py", "Sweep definition file (defines SWEEP).")
 flags.DEFINE_string("root", "", "Directory holding one workdir per point (default runs/sweeps/<name>).")
@@ -30,13 +31,23 @@ FLAGS = flags.FLAGS
 
 
 def load_sweep(path: str):
-  if not os.path.exists(path):
-    sys.exit(f"error: --sweep: no such file {path}")
+  """The SWEEP a sweep file defines; a missing file or one that fails to run is one SweepError
+  naming the file (and line)."""
+  path = cli.resolve_config_path(path, "sweep")
   spec = importlib.util.spec_from_file_location("sweep_definition", path)
   module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
+  try:
+    spec.loader.exec_module(module)
+  except SyntaxError as e:
+    raise SweepError(f"--sweep: {e.filename or path}:{e.lineno}: {e.msg}") from None
+  except UserError:  # already one line naming the sweep and field
+    raise
+  except Exception as e:  # noqa: BLE001 - any error the file's own code raises
+    line = next((f.lineno for f in reversed(traceback.extract_tb(e.__traceback__))
+                 if os.path.abspath(f.filename) == os.path.abspath(path)), "?")
+    raise SweepError(f"--sweep: {path}:{line}: {type(e).__name__}: {first_line(e)}") from None
   if not hasattr(module, "SWEEP"):
-    sys.exit(f"error: --sweep: {path} defines no SWEEP")
+    raise SweepError(f"--sweep: {path} defines no SWEEP")
   return module.SWEEP
 
 
@@ -44,19 +55,16 @@ def main(argv):
   del argv
   sweep = load_sweep(FLAGS.sweep)
   root = FLAGS.root or os.path.join("runs", "sweeps", sweep.name)
-  try:
-    sweep.validate()
-    if not FLAGS.collect_only:
-      status = runner.run(sweep, FLAGS.sweep, root, mode=FLAGS.mode, launcher=FLAGS.launcher)
-      print(json.dumps({k: sum(v == k for v in status.values()) for k in ("skipped", "ran", "printed")}))
-      if FLAGS.mode == "print":
-        return
-    result = report.write_report(sweep, root)
-  except (ConfigError, RuntimeError, ValueError) as e:
-    sys.exit(f"error: {e}")
+  sweep.validate()
+  if not FLAGS.collect_only:
+    status = runner.run(sweep, FLAGS.sweep, root, mode=FLAGS.mode, launcher=FLAGS.launcher)
+    print(json.dumps({k: sum(v == k for v in status.values()) for k in ("skipped", "ran", "printed")}))
+    if FLAGS.mode == "print":
+      return
+  result = report.write_report(sweep, root)
   print("\n".join(result["headlines"]))
   print(f"report: {os.path.join(root, 'report.md')}")
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=cli.parse_flags)
+  cli.run(main)

@@ -13,7 +13,7 @@ from diff_transformer import cli
 
 cli.default_platform()
 
-from absl import app, flags  # noqa: E402
+from absl import flags  # noqa: E402
 
 from diff_transformer import params  # noqa: E402
 from diff_transformer.model.spec import ModelSpec  # noqa: E402
@@ -45,20 +45,11 @@ def main(argv):
   if FLAGS.dry_run:
     dry_run(config)
     return
-  import sys
   from absl import logging
   logging.set_verbosity(logging.WARNING)  # orbax logs every save step at INFO
-  from diff_transformer.data import DataError
-  from diff_transformer.interop import InteropError
-  from diff_transformer.training import TrainError, initialize_distributed, train
-  try:
-    initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
-    summary = train(config, FLAGS.workdir)
-  except (TrainError, DataError, InteropError) as e:
-    # Nothing more to say than the one line: silence leftovers (e.g. orbax read coroutines of a
-    # damaged checkpoint) that Python would print as 'Exception ignored' tracebacks at exit.
-    sys.unraisablehook = lambda unraisable: None
-    sys.exit(f"error: {e}")
+  from diff_transformer.training import initialize_distributed, train
+  initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
+  summary = train(config, FLAGS.workdir)
   if summary.get("imported"):
     print(f"Imported {summary['imported']} as checkpoint step 0 (train.steps=0: no training)")
   if summary.get("stopped_by"):
@@ -67,4 +58,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=cli.parse_flags)
+  cli.run(main)

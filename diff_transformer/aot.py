@@ -8,16 +8,23 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 
-from diff_transformer.errors import first_line
+from diff_transformer.errors import UserError, first_line
 
 # HBM per chip in GiB, by topology prefix.
 HBM_GIB = {"v4": 32.0, "v5e": 16.0, "v5p": 95.0, "v6e": 32.0}
 GIB = 1024 ** 3
+# <generation>:<chips per dimension>, e.g. v5e:2x2, v5p:4x4x4 (checked before libtpu sees it).
+TOPOLOGY_NAME = re.compile(r"v[0-9]+[a-z]*:[0-9]+(x[0-9]+){1,2}")
+
+
+class AotError(UserError, RuntimeError):
+  """A topology name or libtpu problem; the message is one line naming --topology."""
 
 
 @dataclasses.dataclass
@@ -38,12 +45,15 @@ class AotResult:
 
 
 def topology_devices(topology: str):
+  if not TOPOLOGY_NAME.fullmatch(topology):
+    raise AotError(f"--topology: '{topology}' is not a TPU topology name like v5e:2x2, "
+                   "v5p:4x4x4 or v6e:16x16 (generation:chips per dimension)")
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # libtpu's lock would bar a second compiler
   try:
     from jax.experimental import topologies
     return topologies.get_topology_desc(platform="tpu", topology_name=topology).devices
   except Exception as e:  # noqa: BLE001 - libtpu missing or an unknown name: one clear line
-    raise RuntimeError(f"--topology: cannot get TPU topology '{topology}' ({first_line(e)}); install the "
+    raise AotError(f"--topology: cannot get TPU topology '{topology}' ({first_line(e)}); install the "
                        "tpu extra (pip install -e '.[tpu]') and use names like v5e:2x2, v5p:4x4x4")
 
 

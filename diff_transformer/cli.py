@@ -1,47 +1,159 @@
-"""Command-line plumbing shared by train.py, eval.py and the other programs."""
+"""Command-line plumbing shared by train.py, eval.py and the other programs.
+
+Every program ends with
+
+    if __name__ == "__main__":
+      cli.run(main)                      # absl flags (parsed by parse_flags)
+      cli.run(main, absl_flags=False)    # argparse programs: main(sys.argv[1:]) -> exit code
+
+so that any user-facing error (a `UserError`: bad flag, config value, file, workdir) is printed
+as one line `error: <message>` on stderr with exit status 2 and no traceback, Ctrl-C is one line
+with status 130, and what library background threads print after that is dropped.
+"""
 from __future__ import annotations
 
+import ast
 import importlib.util
+import logging
 import os
 import sys
+from pathlib import Path
+from typing import Any, Callable, NoReturn
 
 from absl import flags
 
 from diff_transformer.config import ConfigError, validate
-from diff_transformer.errors import last_line
+from diff_transformer.errors import UserError, message_lines
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+USER_ERROR_EXIT = 2
+INTERRUPT_EXIT = 130
+_CONFIG_FLAGS: list[str] = []  # names defined by define_config (their file paths get resolved)
+_LIBRARY_ERRORS = (flags.Error, AttributeError, KeyError, ValueError, TypeError, OSError)
+
+
+def quiet_leftovers() -> None:
+  """Drop what background threads and interpreter shutdown print after the one line (orbax and
+  tensorstore callbacks, 'Exception ignored' coroutines, asyncio 'Task exception' logs)."""
+  sys.unraisablehook = lambda unraisable: None
+  logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+  for stream in (sys.stdout, sys.stderr):
+    stream.flush()
+  devnull = os.open(os.devnull, os.O_WRONLY)
+  os.dup2(devnull, 2)
+  sys.stderr = open(os.devnull, "w")
+
+
+def exit_with(line: str, code: int = USER_ERROR_EXIT) -> NoReturn:
+  """Prints `line` (made one line) to stderr, quiets the rest and exits with `code`."""
+  print(" ".join(line.split("\n")).strip(), file=sys.stderr, flush=True)
+  quiet_leftovers()
+  sys.exit(code)
+
+
+def fail(message: str) -> NoReturn:
+  exit_with(f"error: {message}")
+
+
+def _guarded(main: Callable[..., Any], *args) -> Any:
+  try:
+    return main(*args)
+  except UserError as e:
+    fail("; ".join(message_lines(e)) or type(e).__name__)
+  except KeyboardInterrupt:
+    exit_with("interrupted", INTERRUPT_EXIT)
+
+
+def run(main: Callable[..., Any], *, absl_flags: bool = True) -> NoReturn:
+  """The entry point of every program (see the module docstring).
+
+  absl_flags=True: `main(argv)` under absl's app.run with flags parsed by parse_flags.
+  absl_flags=False: `main(sys.argv[1:])` (argparse programs); its return value is the exit code.
+  """
+  if absl_flags:
+    from absl import app
+    app.run(lambda argv: _guarded(main, argv), flags_parser=parse_flags)
+  sys.exit(_guarded(main, sys.argv[1:]))
+
+
+def _unknown_key_text(e: Exception) -> str:
+  """ml_collections reports an unknown key as KeyError("'key'\nDid you mean ...") and may wrap
+  its str() (a quoted, escaped repr) in an AttributeError: undo both."""
+  text = e.args[0] if e.args and isinstance(e.args[0], str) else str(e)
+  if text[:1] in "'\"" and "\\n" in text:
+    try:
+      text = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+      pass
+  return text
 
 
 def _one_line(e: Exception) -> str:
-  message = last_line(e)
   if isinstance(e, (AttributeError, KeyError)):
-    message = f"unknown config key {message} (known keys: diff_transformer/config.py)"
-  return message
+    key, *hint = [l.strip() for l in _unknown_key_text(e).splitlines() if l.strip()] or ["?"]
+    hint.append("known keys: diff_transformer/config.py")
+    return f"unknown config key {key} ({'; '.join(hint)})"
+  lines = message_lines(e)
+  return lines[-1] if lines else type(e).__name__
+
+
+def resolve_config_path(value: str, flag: str = "config") -> str:
+  """FILE[:preset] with FILE as given if it exists, else relative to the project (so train.py runs
+  from any directory); a missing file is a UserError naming both places looked in."""
+  path, sep, preset = value.partition(":")
+  if Path(path).expanduser().is_file():
+    return value
+  in_project = PROJECT_ROOT / path
+  if not Path(path).is_absolute() and in_project.is_file():
+    return f"{in_project}{sep}{preset}"
+  where = (path if Path(path).is_absolute()
+           else f"{path} (looked in {Path.cwd()} and {PROJECT_ROOT})")
+  raise ConfigError(f"--{flag}: no such file {where}")
+
+
+def _resolve_config_args(argv: list[str]) -> list[str]:
+  out = list(argv)
+  for i, arg in enumerate(out):
+    for name in _CONFIG_FLAGS:
+      if arg.startswith(f"--{name}="):
+        out[i] = f"--{name}=" + resolve_config_path(arg.split("=", 1)[1], name)
+      elif arg == f"--{name}" and i + 1 < len(out):
+        out[i + 1] = resolve_config_path(out[i + 1], name)
+  return out
 
 
 def define_config(name: str = "config", default: str = "configs/default.py") -> None:
   """--config=FILE[:preset] plus --config.x.y=v overrides (typos in keys are rejected)."""
   from ml_collections import config_flags
+  path = default.partition(":")[0]
+  if not Path(path).is_file() and (PROJECT_ROOT / path).is_file():
+    default = str(PROJECT_ROOT / default)
+  _CONFIG_FLAGS.append(name)
   try:
     config_flags.DEFINE_config_file(name, default, "Config file, optionally FILE:preset.",
                                     lock_config=True)
-  except (AttributeError, KeyError, ValueError, TypeError) as e:  # overrides parse at definition
-    sys.exit(f"error: {_one_line(e)}")
+  except _LIBRARY_ERRORS as e:  # overrides parse at definition
+    fail(_one_line(e))
 
 
 def parse_flags(argv: list[str]) -> list[str]:
-  """absl flag parsing where a bad flag or config key is one clear line, not a traceback."""
+  """absl flag parsing where a bad flag, config file or config key is one line, no traceback."""
   try:
-    return flags.FLAGS(argv)
-  except (flags.Error, AttributeError, KeyError, ValueError, TypeError) as e:
-    sys.exit(f"error: {_one_line(e)}")
+    return flags.FLAGS(_resolve_config_args(argv))
+  except UserError as e:
+    fail(str(e))
+  except _LIBRARY_ERRORS as e:
+    fail(_one_line(e))
 
 
 def load_config(name: str = "config"):
   """The validated config flag (overrides are applied on first access, so errors surface here)."""
   try:
     return validate(getattr(flags.FLAGS, name))
-  except (ConfigError, AttributeError, KeyError, ValueError, TypeError) as e:
-    sys.exit(f"error: {_one_line(e)}")
+  except ConfigError as e:
+    fail(str(e))
+  except _LIBRARY_ERRORS as e:
+    fail(_one_line(e))
 
 
 def default_platform() -> None:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import ml_collections
 
+from diff_transformer.errors import UserError
+
 VARIANTS = ("transformer", "diff", "shared_diff", "diff_v2")
 KERNELS = ("reference", "xla", "pallas")
 REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
@@ -14,7 +16,7 @@ DTYPES = ("float32", "bfloat16")
 SYNTHETIC_TASKS = ("mqar", "needle")
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
   """A config value that breaks a constraint; the message is one line naming the field."""
 
 
@@ -118,6 +120,9 @@ def base_config() -> ml_collections.ConfigDict:
       eval_batches=8,
       checkpoint_every=200,
       max_to_keep=3,
+      # Stop when a step's loss exceeds this many times the running mean of the losses before
+      # it (as with a non-finite loss, checkpoints that led to it are set aside); 0 = off.
+      max_loss_spike=0.0,
       peak_tflops=0.0,  # per-device peak for MFU; 0 = look up the device kind
   ))
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
@@ -208,6 +213,8 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
           f"{t.global_batch_size}")
   if t.lr <= 0 or t.final_lr < 0:
     _fail("train.lr", f"lr must be > 0 and final_lr >= 0, got {t.lr}, {t.final_lr}")
+  if t.max_loss_spike != 0 and not t.max_loss_spike > 1:
+    _fail("train.max_loss_spike", f"must be 0 (off) or a factor > 1, got {t.max_loss_spike}")
   for axis in ("data", "fsdp", "tensor"):
     if config.mesh[axis] == 0 or config.mesh[axis] < -1:
       _fail(f"mesh.{axis}", f"must be a positive size or -1 (the remaining devices), got "

@@ -31,6 +31,7 @@ from tqdm import tqdm
 from diff_transformer.data.common import DataError, atomic_dir, jsonl_records, read_utf8
 from diff_transformer.data.tokenizer import (TOKENIZER_FILE, FileTokenizer, Tokenizer,
                                              build_tokenizer, check_name, describe)
+from diff_transformer.errors import read_json
 
 FORMAT_VERSION = 1
 METADATA = "metadata.json"
@@ -296,8 +297,9 @@ def read_metadata(directory: str | Path) -> dict:
   if not path.is_file():
     raise DataError(f"{path}: not found; write it with `python prepare_data.py --input "
                     f"FILE_OR_DIR --output {Path(directory)}`")
-  meta = json.loads(path.read_text())
-  if meta.get("format") != FORMAT_VERSION:
-    raise DataError(f"{path}: format {meta.get('format')} is not {FORMAT_VERSION}; prepare again")
+  meta = read_json(path, DataError)
+  if not isinstance(meta, dict) or meta.get("format") != FORMAT_VERSION:
+    found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
+    raise DataError(f"{path}: format {found} is not {FORMAT_VERSION}; prepare again")
   return meta
 

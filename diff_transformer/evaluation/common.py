@@ -11,12 +11,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from diff_transformer.errors import UserError
 from diff_transformer.model.attention import Attention
 
 Array = jax.Array
 
 
-class EvalError(ValueError):
+class EvalError(UserError, ValueError):
   """Bad evaluation input; the message is one line naming the flag, path or limit."""
 
 

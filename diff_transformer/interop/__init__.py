@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import importlib.util
 
+from diff_transformer.errors import UserError
 
-class InteropError(ValueError):
+
+class InteropError(UserError, ValueError):
   """Bad export/import input; the message is one line naming the folder, field or constraint."""
 
 

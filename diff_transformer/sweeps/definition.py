@@ -13,6 +13,11 @@ from typing import Callable
 import ml_collections
 
 from diff_transformer.config import VARIANTS, ConfigError, validate
+from diff_transformer.errors import UserError
+
+
+class SweepError(UserError, RuntimeError):
+  """A sweep that cannot run or report (a failed point, no finished points); one line."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,7 +12,7 @@ from diff_transformer import params
 from diff_transformer.evaluation.common import pyplot
 from diff_transformer.model.spec import ModelSpec
 from diff_transformer.sweeps import fit
-from diff_transformer.sweeps.definition import Sweep, tokens
+from diff_transformer.sweeps.definition import Sweep, SweepError, tokens
 from diff_transformer.sweeps.runner import read_summary
 
 
@@ -94,7 +94,7 @@ def plot(rows: list[dict], laws: dict, key: str, path: str) -> None:
 def write_report(sweep: Sweep, root: str) -> dict:
   rows = collect(sweep, root)
   if not rows:
-    raise RuntimeError(f"sweep {sweep.name}: no finished points under {root}")
+    raise SweepError(f"sweep {sweep.name}: no finished points under {root}")
   return report_rows(sweep.name, rows, root)
 
 

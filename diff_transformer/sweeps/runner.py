@@ -2,7 +2,6 @@
 finished points; interrupted points resume from their checkpoints (train.py does that)."""
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import subprocess
@@ -10,7 +9,8 @@ import sys
 
 from tqdm import tqdm
 
-from diff_transformer.sweeps.definition import Sweep
+from diff_transformer.errors import read_json
+from diff_transformer.sweeps.definition import Sweep, SweepError
 
 SUMMARY = "summary.json"  # written by the trainer when a run reaches its last step
 
@@ -19,8 +19,7 @@ def read_summary(workdir: str) -> dict | None:
   path = os.path.join(workdir, SUMMARY)
   if not os.path.exists(path):
     return None
-  with open(path) as f:
-    return json.load(f)
+  return read_json(path, SweepError)
 
 
 def finished(sweep: Sweep, point: str, workdir: str) -> bool:
@@ -37,7 +36,7 @@ def run(sweep: Sweep, sweep_file: str, root: str, *, mode: str = "local", launch
   """Returns {point: 'skipped' | 'ran' | 'printed'}; raises on a failed local run."""
   sweep.validate()
   if mode not in ("local", "print"):
-    raise ValueError(f"--mode: '{mode}' is not one of local, print")
+    raise SweepError(f"--mode: '{mode}' is not one of local, print")
   status = {}
   todo = []
   for point in sweep.points():
@@ -58,7 +57,7 @@ def run(sweep: Sweep, sweep_file: str, root: str, *, mode: str = "local", launch
       result = subprocess.run(command(sweep_file, point, workdir) + list(extra_args),
                               stdout=log, stderr=subprocess.STDOUT)
     if result.returncode != 0:
-      raise RuntimeError(f"sweep point {point} failed (exit {result.returncode}); see "
+      raise SweepError(f"sweep point {point} failed (exit {result.returncode}); see "
                          f"{os.path.join(workdir, 'sweep.log')}; rerun to resume it")
     status[point] = "ran"
   return status

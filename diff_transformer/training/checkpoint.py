@@ -32,7 +32,7 @@ import ml_collections
 import orbax.checkpoint as ocp
 
 from diff_transformer.config import validate
-from diff_transformer.errors import message_lines
+from diff_transformer.errors import last_line, message_lines, read_json
 from diff_transformer.training.mesh import TrainError
 from diff_transformer.training.step import State, Trainer, fingerprint
 
@@ -96,7 +96,13 @@ def read_config(workdir: Path) -> ml_collections.ConfigDict | None:
     return None
   from diff_transformer.config import base_config
   config = base_config()
-  config.update_from_flattened_dict(_flatten(json.loads(path.read_text())))
+  values = read_json(path, TrainError)
+  if not isinstance(values, dict):
+    raise TrainError(f"{path}: damaged (not a JSON object of config fields)")
+  try:
+    config.update_from_flattened_dict(_flatten(values))
+  except (KeyError, AttributeError, TypeError, ValueError) as e:
+    raise TrainError(f"{path}: damaged or from another version ({last_line(e)})") from None
   return config
 
 
@@ -123,6 +129,14 @@ def check_run_record(workdir: Path, config: ml_collections.ConfigDict, tokenizer
                          f"has {new[key]!r}; use another --workdir or the recorded config")
 
 
+def changed_batch_size(workdir: Path, config: ml_collections.ConfigDict) -> tuple[int, int] | None:
+  """(recorded, new) train.global_batch_size when a resume changes it, else None."""
+  recorded = read_config(workdir)
+  if recorded is None or recorded.train.global_batch_size == config.train.global_batch_size:
+    return None
+  return int(recorded.train.global_batch_size), int(config.train.global_batch_size)
+
+
 def check_tokenizer_record(workdir: Path, tokenizer=None) -> dict:
   """The recorded tokenizer, checked against `tokenizer` or against the workdir's own copy."""
   from diff_transformer.data import assert_compatible, DataError
@@ -130,7 +144,7 @@ def check_tokenizer_record(workdir: Path, tokenizer=None) -> dict:
   path = Path(workdir) / TOKENIZER_RECORD
   if not path.is_file():
     raise TrainError(f"{path}: missing; {workdir} is not a training workdir")
-  record = json.loads(path.read_text())
+  record = read_json(path, TrainError)
   if tokenizer is not None:
     assert_compatible(record, tokenizer)
   elif record.get("name") == "byte" or any((Path(workdir) / n).is_file()
@@ -143,6 +157,21 @@ def check_tokenizer_record(workdir: Path, tokenizer=None) -> dict:
 
 
 # ---- checkpoints -----------------------------------------------------------------------------
+class _OrbaxErrorCatcher(logging.Filter):
+  """Keeps the exceptions orbax logs (with tracebacks) from its save threads off stderr and
+  remembers the last one, so a failed save is reported once, as one line, by check_saved()."""
+
+  def __init__(self):
+    super().__init__()
+    self.last: BaseException | None = None
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    if record.exc_info and "orbax" in record.pathname:
+      self.last = record.exc_info[1]
+      return False
+    return True
+
+
 def _split_state(state: State) -> tuple[dict, dict]:
   return (dict(params=state["params"], constants=state["constants"]),
           dict(step=state["step"], opt_state=state["opt_state"]))
@@ -161,13 +190,32 @@ class Checkpointer:
         enable_async_checkpointing=not read_only, create=not read_only, read_only=read_only,
         cleanup_tmp_directories=not read_only)  # half-written temp dirs of killed runs go away
     self.manager = ocp.CheckpointManager(self.directory, options=self.options)
+    self._pending: int | None = None  # the step of an async save not yet known to be committed
+    self._failed = False  # orbax re-raises a failed save on every later wait: report it once
+    self._errors = _OrbaxErrorCatcher()
+    logging.getLogger("absl").addFilter(self._errors)
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
 
+  def committed_steps(self) -> list[int]:
+    """Steps whose save finished (orbax renames a step's temp dir to <step> as its last act)."""
+    if not self.directory.is_dir():
+      return []
+    return sorted(int(p.name) for p in self.directory.iterdir() if p.name.isdigit())
+
+  def newest(self) -> str:
+    """Which committed checkpoint a resume would start from, for one-line messages."""
+    steps = self.committed_steps()
+    return (f"the newest checkpoint is step {steps[-1]} in {self.directory}" if steps
+            else f"there is no checkpoint in {self.directory} yet")
+
   def save(self, step: int, state: State, iterator) -> bool:
     """Starts an async save (returns once the arrays are copied off the devices); the caller
-    decides when (train.checkpoint_every, the last step, a stop signal)."""
+    decides when (train.checkpoint_every, the last step, a stop signal). A previous save that
+    failed, or too little free space for this one, raises TrainError first."""
+    self.check_saved(wait=True)
+    self._check_free_space(step, state)
     model, optimizer = _split_state(state)
     meta = dict(step=int(step), model_digest=fingerprint(model),
                 optimizer_digest=fingerprint(optimizer), time=time.time(),
@@ -176,14 +224,61 @@ class Checkpointer:
                  meta=ocp.args.JsonSave(meta))
     if iterator is not None:
       items["data"] = grain.checkpoint.CheckpointSave(iterator)
+    self._pending, self._errors.last = step, None
     return self.manager.save(step, args=ocp.args.Composite(**items), force=True)
 
+  def _check_free_space(self, step: int, state: State) -> None:
+    """Refuses a save the file system has clearly no room for (a cheap statvfs, no writes)."""
+    arrays = [x for x in jax.tree.leaves(state) if hasattr(x, "nbytes")]
+    needed = sum(x.nbytes for x in arrays) / jax.process_count()
+    self.directory.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(self.directory).free
+    if free < needed * 1.1 + (1 << 20):  # a margin for orbax's metadata files
+      raise TrainError(f"checkpoint step {step}: {self.directory} has {free / 1e6:.1f} MB free, "
+                       f"the checkpoint needs about {needed / 1e6:.1f} MB; free some space "
+                       f"(nothing was written; {self.newest()})")
+
+  def check_saved(self, wait: bool = False) -> None:
+    """Raises TrainError (one line) if the last async save failed, after removing its partial
+    files; the checkpoints before it are untouched. Without `wait`, a save still running is
+    left alone (so this is cheap to call every step)."""
+    if self._pending is None or (not wait and self.manager.is_saving_in_progress()):
+      return
+    step, self._pending = self._pending, None
+    error = None
+    try:
+      self.manager.wait_until_finished()
+    except Exception as e:  # noqa: BLE001 - orbax re-raises whatever the save thread hit
+      error = e
+    if error is None and (self.directory / str(step)).is_dir():
+      return
+    self._failed = True
+    self._remove_partial(step)
+    error = error or self._errors.last  # the save thread's exception, logged by orbax
+    cause = _one_line(error) if error is not None else "it was not committed"
+    raise TrainError(f"checkpoint step {step} could not be saved to {self.directory} ({cause}); "
+                     f"removed its partial files; {self.newest()}")
+
+  def _remove_partial(self, step: int) -> None:
+    if jax.process_index() == 0:
+      for path in self.directory.glob(f"{step}.orbax-checkpoint-tmp*"):
+        shutil.rmtree(path, ignore_errors=True)
+      shutil.rmtree(self.directory / str(step), ignore_errors=True)
+    self.manager.reload()
+
   def wait(self) -> None:
-    self.manager.wait_until_finished()
+    self.check_saved(wait=True)
 
   def close(self) -> None:
-    self.manager.wait_until_finished()
-    self.manager.close()
+    try:
+      self.check_saved(wait=True)
+      if self._failed:
+        with contextlib.suppress(Exception):
+          self.manager.close()
+      else:
+        self.manager.close()
+    finally:
+      logging.getLogger("absl").removeFilter(self._errors)
 
   def _restore_step(self, step: int, abstract: State, iterator, model_only: bool) -> dict:
     model, optimizer = _split_state(abstract)
@@ -235,7 +330,7 @@ class Checkpointer:
               f"({failed[-1][1]})", flush=True)
         continue
       if failed and not self.options.read_only:
-        self._quarantine([f for f, _ in failed])
+        self.set_aside([f for f, _ in failed], "corrupt_checkpoints")
         print(f"warning: fell back to checkpoint step {s}; moved damaged steps "
               f"{[f for f, _ in failed]} to {self.workdir / 'corrupt_checkpoints'}", flush=True)
       return state, s
@@ -245,9 +340,10 @@ class Checkpointer:
                        "them: move them away or use another --workdir")
     return None
 
-  def _quarantine(self, steps: list[int]) -> None:
+  def set_aside(self, steps: list[int], folder: str) -> Path:
+    """Moves checkpoints out of reach of resume into <workdir>/<folder> (nothing is deleted)."""
+    target = self.workdir / folder
     if jax.process_index() == 0:
-      target = self.workdir / "corrupt_checkpoints"
       target.mkdir(exist_ok=True)
       for s in steps:
         src = self.directory / str(s)
@@ -255,8 +351,9 @@ class Checkpointer:
           src.rename(target / f"{s}-{int(time.time())}")
     if jax.process_count() > 1:
       from jax.experimental import multihost_utils
-      multihost_utils.sync_global_devices("quarantine_checkpoints")
+      multihost_utils.sync_global_devices("set_aside_checkpoints")
     self.manager.reload()
+    return target
 
 
 def restore_model(workdir: str | Path, step: int | None = None,

@@ -1,33 +1,42 @@
 """`train(config, workdir)`: data, mesh, sharded state, the step loop, checkpoints and logs.
 
 Resumes from the newest readable checkpoint in `workdir` (same data order, same losses), saves
-and exits on SIGTERM/SIGINT, and stops on a non-finite loss without saving it.
+and exits on SIGTERM/SIGINT (a second Ctrl-C exits at once), stops on a non-finite or spiking
+loss without saving it (training/guard.py), stops at the first step after a failed save, and holds
+the workdir's lock (training/workdir.py) so no second run writes into it.
 """
 from __future__ import annotations
 
 import json
 import math
+import os
 import signal
+import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import jax
 import ml_collections
 import numpy as np
 
 from diff_transformer.training import checkpoint as ckpt_lib
+from diff_transformer.training.guard import DivergenceGuard
 from diff_transformer.training.mesh import (TrainError, check_parallelism, global_batch,
                                             make_mesh)
 from diff_transformer.training.metrics import (MetricsLogger, expand_layers,
                                                peak_tflops_per_device, train_flops_per_token)
 from diff_transformer.training.step import Trainer
+from diff_transformer.training.workdir import WorkdirLock, prepare_workdir
 
 
 class StopSignal:
-  """Turns SIGTERM/SIGINT into a request to save and exit at the next step boundary."""
+  """Turns SIGTERM/SIGINT into a request to save and exit at the next step boundary; a second
+  SIGINT calls `on_second_interrupt` (which exits at once)."""
 
-  def __init__(self):
+  def __init__(self, on_second_interrupt: Callable[[], None] | None = None):
     self.requested: str | None = None
+    self.on_second_interrupt = on_second_interrupt
     self._previous = {}
     for sig in (signal.SIGTERM, signal.SIGINT):
       try:
@@ -37,6 +46,8 @@ class StopSignal:
 
   def _handle(self, signum, frame):
     if self.requested is not None and signum == signal.SIGINT:
+      if self.on_second_interrupt is not None:
+        self.on_second_interrupt()
       raise KeyboardInterrupt  # a second Ctrl-C means now
     self.requested = signal.Signals(signum).name
 
@@ -53,15 +64,24 @@ class StopSignal:
       signal.signal(sig, handler)
 
 
-def _check_finite(step: int, values: dict, checkpointer: ckpt_lib.Checkpointer) -> None:
-  loss, grad_norm = float(values["loss"]), float(values["grad_norm"])
-  if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-    checkpointer.wait()
-    last = checkpointer.latest_step()
-    kept = (f"the last good checkpoint (step {last}) is intact in {checkpointer.directory}"
-            if last is not None else "no checkpoint was saved")
-    raise TrainError(f"step {step}: loss {loss}, grad norm {grad_norm} is not finite; stopped "
-                     f"without saving it; {kept}; lower train.lr or raise warmup_steps")
+def _state_loss(trainer: Trainer, state, batch, micro_batches: int) -> float:
+  """The loss a state gives on the batch it was just trained on (its first micro-batch, a size
+  a step already fits in memory): a checkpoint is saved only once this is finite."""
+  if micro_batches > 1:  # rows j*m of each device's block: micro-batch 0, no resharding
+    batch = jax.tree.map(lambda x: x[::micro_batches], batch)
+  nll, tokens = trainer.eval_step(state, batch)
+  return float(nll) / max(float(tokens), 1.0)
+
+
+def _exit_now(checkpointer: ckpt_lib.Checkpointer, lock: WorkdirLock | None) -> None:
+  """A second Ctrl-C: exit at once without waiting for a save in flight (the next run removes
+  its temp files); one line says which checkpoint is the newest."""
+  sys.stderr.write(f"\ninterrupted again: exiting now; any checkpoint save in progress is "
+                   f"abandoned; {checkpointer.newest()}\n")
+  sys.stderr.flush()
+  if lock is not None:
+    lock.release()
+  os._exit(130)
 
 
 def evaluate(trainer: Trainer, state, dataset, config: ml_collections.ConfigDict, mesh) -> dict:
@@ -100,8 +120,21 @@ def _import_hf(trainer: Trainer, state, folder: str, checkpointer, iterator):
 def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
   """Trains to config.train.steps (resuming if the workdir holds checkpoints); returns a summary
   {step, loss, val_loss, unigram_entropy, tokens_per_s, mfu, stopped_by}."""
-  from diff_transformer import data
   workdir = Path(workdir).expanduser().resolve()
+  prepare_workdir(workdir)  # before any expensive work
+  lock = WorkdirLock(workdir) if jax.process_index() == 0 else None  # process 0 speaks for all
+  notice = lock.acquire() if lock is not None else None
+  if notice:
+    print(f"warning: {workdir}: {notice}", flush=True)
+  try:
+    return _train(config, workdir, lock)
+  finally:
+    if lock is not None:
+      lock.release()
+
+
+def _train(config: ml_collections.ConfigDict, workdir: Path, lock: WorkdirLock | None) -> dict:
+  from diff_transformer import data
   t = config.train
   dataset = data.load_dataset(config.data, seq_len=config.data.seq_len)
   if dataset.vocab_size > config.model.vocab_size:
@@ -113,12 +146,14 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     from diff_transformer.interop import hf_import
     from diff_transformer.model.spec import ModelSpec
     hf_import.check_folder(ModelSpec.from_config(config.model), config.init_from_hf)
+  batch_change = ckpt_lib.changed_batch_size(workdir, config)
   mesh = make_mesh(config.mesh)
   check_parallelism(config, mesh)
   trainer = Trainer(config, mesh)
   iterator = data.train_iterator(dataset, config.data, t.global_batch_size,
                                  jax.process_index(), jax.process_count(), seed=config.data.seed)
   checkpointer = ckpt_lib.Checkpointer(workdir, t)
+  guard = DivergenceGuard(checkpointer, t.max_loss_spike)
   found = checkpointer.restore(trainer.abstract_state, iterator)
   if found is not None:
     state, start = found
@@ -141,7 +176,13 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
                f"{jax.devices()[0].platform} devices, {jax.process_count()} processes); "
                f"{trainer.spec.num_layers} layers, d_model {trainer.spec.d_model}; "
                f"{tokens_per_step} tokens/step; workdir {workdir}")
-  stop = StopSignal()
+  if found is not None and batch_change is not None:  # allowed, but data order and schedule change
+    logger.print(f"Resuming with train.global_batch_size {batch_change[1]} (was "
+                 f"{batch_change[0]}): the data order and the step schedule change from step "
+                 f"{start}")
+    logger.write(start, dict(previous_global_batch_size=batch_change[0],
+                             global_batch_size=batch_change[1]), kind="resume")
+  stop = StopSignal(lambda: _exit_now(checkpointer, lock))
   summary: dict = dict(step=start, stopped_by=None)
   pending = None  # (step, metrics) whose finiteness is checked one step late (keeps dispatch async)
   window_time, window_steps = None, 0  # training time since the last log (no eval, no saves)
@@ -156,13 +197,14 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
       state, metrics = trainer.train_step(state, batch)
       step += 1
       window_steps += 1
+      checkpointer.check_saved()  # a failed async save stops the run here, not at the next save
       if pending is not None:
-        _check_finite(pending[0], jax.device_get(pending[1]), checkpointer)
+        guard.check_step(pending[0], jax.device_get(pending[1]))
       pending = (step, metrics)
       last = step == t.steps
       if step % t.log_every == 0 or last or step == start + 1:
         values = jax.device_get(metrics)
-        _check_finite(step, values, checkpointer)
+        guard.check_step(step, values)
         pending = None
         now = time.perf_counter()
         if window_time is not None:  # the first step (compilation) is not timed
@@ -189,8 +231,9 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
       stopping = stop.agreed()
       if stopping or last or step % t.checkpoint_every == 0:
         if pending is not None:  # never save a NaN state
-          _check_finite(step, jax.device_get(metrics), checkpointer)
+          guard.check_step(step, jax.device_get(metrics))
           pending = None
+        guard.check_state(step, _state_loss(trainer, state, batch, t.micro_batches))
         checkpointer.save(step, state, iterator)
         window_time, window_steps = time.perf_counter(), 0
       if stopping:

@@ -14,10 +14,11 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 from diff_transformer.config import num_kv_heads
+from diff_transformer.errors import UserError
 from diff_transformer.sharding import MESH_AXES, logical_to_spec
 
 
-class TrainError(RuntimeError):
+class TrainError(UserError, RuntimeError):
   """A training failure the user can act on; the message is one line."""
 
 

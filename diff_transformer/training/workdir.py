@@ -1,0 +1,94 @@
+"""One training run per workdir: the workdir is checked and locked before any expensive work.
+
+The lock is <workdir>/train.lock, held with flock for the run's lifetime (the kernel releases it
+when the process dies, even by kill -9) and holding the owner's pid, host and start time for the
+message a second writer gets. A lock file whose flock is free is stale (its run died): it is
+taken over with a one-line notice. Readers (eval.py) never lock.
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+from diff_transformer.training.mesh import TrainError
+
+LOCK_FILE = "train.lock"
+
+
+def prepare_workdir(workdir: Path) -> None:
+  """Creates the workdir; a path that is a file, or cannot be written, is one TrainError."""
+  if workdir.exists() and not workdir.is_dir():
+    raise TrainError(f"--workdir {workdir}: is a file, not a directory")
+  try:
+    workdir.mkdir(parents=True, exist_ok=True)
+  except OSError as e:
+    raise TrainError(f"--workdir {workdir}: cannot create it ({e.strerror})") from None
+
+
+def _owner(text: str) -> str:
+  try:
+    info = json.loads(text)
+    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info["started"]))
+    return f"pid {info['pid']} on {info['host']}, started {started}"
+  except (ValueError, KeyError, TypeError):
+    return "an unknown process"
+
+
+class WorkdirLock:
+  """acquire() refuses a workdir another live run holds; release() at the end of the run."""
+
+  def __init__(self, workdir: Path):
+    self.workdir = workdir
+    self.path = workdir / LOCK_FILE
+    self._file = None
+
+  def acquire(self) -> str | None:
+    """Takes the lock; returns a notice if a stale lock (a run that died) was taken over."""
+    try:
+      f = open(self.path, "a+")
+    except OSError as e:
+      raise TrainError(f"--workdir {self.workdir}: cannot write {LOCK_FILE} ({e.strerror})"
+                       ) from None
+    try:
+      fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+      f.seek(0)
+      owner = _owner(f.read())
+      f.close()
+      if e.errno in (errno.EAGAIN, errno.EACCES):
+        raise TrainError(f"--workdir {self.workdir}: another training run holds it ({owner}); "
+                         "wait for it to end or use another --workdir") from None
+      raise TrainError(f"--workdir {self.workdir}: cannot lock {LOCK_FILE} ({e.strerror})"
+                       ) from None
+    f.seek(0)
+    previous = f.read().strip()
+    try:
+      f.seek(0)
+      f.truncate()
+      f.write(json.dumps(dict(pid=os.getpid(), host=socket.gethostname(), started=time.time())))
+      f.flush()
+    except OSError as e:
+      f.close()
+      raise TrainError(f"--workdir {self.workdir}: cannot write {LOCK_FILE} ({e.strerror})"
+                       ) from None
+    self._file = f
+    if previous:
+      return f"took over the stale lock of a run that ended without releasing it ({_owner(previous)})"
+    return None
+
+  def release(self) -> None:
+    """Empties the file and drops the lock (the file stays, so no second inode can appear)."""
+    if self._file is None:
+      return
+    try:
+      self._file.seek(0)
+      self._file.truncate()
+    except OSError:
+      pass
+    self._file.close()  # closing releases the flock
+    self._file = None

@@ -1,0 +1,298 @@
+"""Faults and bad input end to end: divergence never leaves a bad checkpoint to resume from, a
+failed save stops the run in one line, one writer per workdir, a changed batch size is recorded,
+and every bad input is one `error:` line with a non-zero exit and no traceback (cli.run).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from test_training_runs import (ROOT, assert_one_clear_line, corpus, env, logged_step,  # noqa: F401
+                                losses, reference, run, tiny_flags, tree_digest)
+
+
+def run_program(script: str, *args: str, cwd: Path = ROOT, timeout: float = 300
+                ) -> subprocess.CompletedProcess:
+  return subprocess.run([sys.executable, str(ROOT / script), *args], cwd=cwd, env=env(),
+                        capture_output=True, text=True, timeout=timeout)
+
+
+def assert_single_stderr_line(proc: subprocess.CompletedProcess, *needles: str) -> str:
+  """The whole of stderr is the one `error:` line (exit 2, no traceback)."""
+  line = assert_one_clear_line(proc, *needles)
+  assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+  assert proc.stderr.strip() == line, proc.stderr[-3000:]
+  return line
+
+
+def _mount_tmpfs(target: Path, options: str) -> bool:
+  """A small private file system (root only); False where mounting is not permitted."""
+  target.mkdir(parents=True, exist_ok=True)
+  return subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(target)],
+                        capture_output=True).returncode == 0
+
+
+def _umount(target: Path) -> None:
+  subprocess.run(["umount", str(target)], capture_output=True)
+
+
+# ---- faults --------------------------------------------------------------------------------
+def test_divergence_keeps_only_good_checkpoints_and_resume_trains(corpus, reference, tmp_path):
+  from diff_transformer.training import restore_model
+  workdir = tmp_path / "run"
+  shutil.copytree(reference, workdir)
+  before = tree_digest(workdir / "checkpoints" / "10")
+  # A checkpoint every step while the learning rate blows the parameters up.
+  blow_up = run(workdir, tiny_flags(corpus, **{"train.steps": 30, "train.lr": 1e30,
+                                               "train.final_lr": 1e30,
+                                               "train.checkpoint_every": 1}))
+  line = assert_one_clear_line(blow_up, "not finite", "last good checkpoint (step 10)")
+  assert sorted(int(p.name) for p in (workdir / "checkpoints").iterdir()) == [6, 9, 10], line
+  assert tree_digest(workdir / "checkpoints" / "10") == before  # the pre-blow-up parameters
+  # Resuming with a sane learning rate trains on without NaN.
+  resumed = run(workdir, tiny_flags(corpus, **{"train.steps": 13, "train.checkpoint_every": 1}))
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert "Resumed from checkpoint step 10" in resumed.stdout
+  got = losses(workdir)
+  assert all(np.isfinite(got[s]).all() for s in (11, 12, 13)), got
+  _, _, step = restore_model(workdir)
+  assert step == 13
+
+
+class _FakeCheckpointer:
+  def __init__(self, steps: list[int]):
+    self.steps, self.directory, self.moved = list(steps), Path("/ckpt"), []
+
+  def wait(self) -> None:
+    pass
+
+  def committed_steps(self) -> list[int]:
+    return list(self.steps)
+
+  def set_aside(self, steps: list[int], folder: str) -> Path:
+    self.moved += steps
+    self.steps = [s for s in self.steps if s not in steps]
+    return Path("/") / folder
+
+
+def test_guard_sets_aside_the_checkpoint_that_produced_a_bad_loss():
+  from diff_transformer.training.guard import DivergenceGuard
+  from diff_transformer.training.mesh import TrainError
+  fake = _FakeCheckpointer([4, 5, 6])
+  guard = DivergenceGuard(fake)
+  guard.check_step(6, dict(loss=3.0, grad_norm=1.0))
+  with pytest.raises(TrainError, match="step 7: loss nan.*last good checkpoint \\(step 5\\)"):
+    guard.check_step(7, dict(loss=float("nan"), grad_norm=1.0))  # computed from state 6
+  assert fake.moved == [6]
+
+
+def test_guard_loss_spike_is_off_by_default_and_bounded_when_set():
+  from diff_transformer.training.guard import DivergenceGuard
+  from diff_transformer.training.mesh import TrainError
+  calm = DivergenceGuard(_FakeCheckpointer([]))
+  for step, loss in enumerate([5.0, 5.0, 50.0], 1):
+    calm.check_step(step, dict(loss=loss, grad_norm=1.0))
+  fake = _FakeCheckpointer([1, 2, 3])
+  bounded = DivergenceGuard(fake, max_loss_spike=3.0)
+  for step, loss in enumerate([5.0, 4.0, 4.5], 1):
+    bounded.check_step(step, dict(loss=loss, grad_norm=1.0))
+  with pytest.raises(TrainError, match="max_loss_spike = 3"):
+    bounded.check_step(4, dict(loss=50.0, grad_norm=1.0))
+  assert fake.moved == [3] and fake.steps == [1, 2]
+  with pytest.raises(TrainError, match="step 2: the updated state's loss inf is not finite"):
+    DivergenceGuard(_FakeCheckpointer([1, 2])).check_state(2, float("inf"))
+
+
+_INJECT = '''"""train.py with a write error injected into the commit of checkpoint step $FAIL_STEP."""
+import errno, os, runpy, sys
+from orbax.checkpoint._src.path import atomicity
+_finalize = atomicity.AtomicRenameTemporaryPath.finalize
+async def finalize(self, *args, **kwargs):
+  if self.get_final().name == os.environ["FAIL_STEP"]:
+    raise OSError(errno.ENOSPC, "No space left on device", str(self.get()))
+  return await _finalize(self, *args, **kwargs)
+atomicity.AtomicRenameTemporaryPath.finalize = finalize
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+'''
+
+
+def test_failed_async_save_stops_the_run_in_one_line(corpus, reference, tmp_path):
+  from diff_transformer.training import restore_model
+  workdir = tmp_path / "run"
+  shutil.copytree(reference, workdir)
+  inject = tmp_path / "inject.py"
+  inject.write_text(_INJECT)
+  flags = tiny_flags(corpus, **{"train.steps": 55, "train.checkpoint_every": 25,
+                                "train.eval_every": 100})
+  proc = subprocess.run([sys.executable, str(inject), str(ROOT / "train.py"),
+                         f"--workdir={workdir}", *flags], cwd=ROOT,
+                        env=dict(env(), FAIL_STEP="25"), capture_output=True, text=True,
+                        timeout=300)
+  assert_one_clear_line(proc, "checkpoint step 25 could not be saved", "No space left",
+                        "newest checkpoint is step 10")
+  assert proc.returncode == 2
+  # Stopped as soon as the save thread failed, not at the next save (step 50) or the end.
+  assert 25 <= logged_step(workdir) < 50
+  assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == ["10", "6", "9"]
+  _, _, step = restore_model(workdir)
+  assert step == 10
+
+
+def test_full_file_system_refuses_the_save_in_one_line(corpus, tmp_path):
+  fs = tmp_path / "small"
+  if not _mount_tmpfs(fs, "size=512k"):
+    pytest.skip("mounting a small tmpfs needs root")
+  try:
+    proc = run(fs / "run", tiny_flags(corpus, **{"train.steps": 4}))
+    assert_one_clear_line(proc, "checkpoint step 3", "MB free", "no checkpoint")
+    assert list((fs / "run" / "checkpoints").iterdir()) == []  # no partial directory
+  finally:
+    _umount(fs)
+
+
+def test_second_writer_is_refused_and_a_stale_lock_recovered(corpus, tmp_path):
+  from diff_transformer.training.mesh import TrainError
+  from diff_transformer.training.workdir import WorkdirLock
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  holder = subprocess.Popen(
+      [sys.executable, "-c", "import sys; from pathlib import Path; "
+       "from diff_transformer.training.workdir import WorkdirLock; "
+       f"lock = WorkdirLock(Path({str(workdir)!r})); lock.acquire(); print('locked', flush=True); "
+       "sys.stdin.read()"], cwd=ROOT, env=env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+      text=True)
+  try:
+    assert holder.stdout.readline().strip() == "locked"
+    second = run(workdir, tiny_flags(corpus))
+    assert_single_stderr_line(second, "another training run holds it", f"pid {holder.pid}")
+    assert not (workdir / "checkpoints").exists()
+    with pytest.raises(TrainError, match="another training run"):
+      WorkdirLock(workdir).acquire()
+    holder.send_signal(signal.SIGKILL)
+    holder.wait(timeout=60)
+  finally:
+    if holder.poll() is None:
+      holder.kill()
+  lock = WorkdirLock(workdir)
+  notice = lock.acquire()  # the dead run's lock is stale: taken over
+  assert notice is not None and f"pid {holder.pid}" in notice
+  lock.release()
+  assert WorkdirLock(workdir).acquire() is None  # released cleanly: nothing stale
+
+
+def test_changed_batch_size_on_resume_is_said_and_recorded(corpus, reference, tmp_path):
+  workdir = tmp_path / "run"
+  shutil.copytree(reference, workdir)
+  proc = run(workdir, tiny_flags(corpus, **{"train.steps": 12, "train.global_batch_size": 16}))
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  said = [l for l in (proc.stdout + proc.stderr).splitlines() if "global_batch_size 16" in l]
+  assert len(said) == 1 and "(was 8)" in said[0], proc.stdout[-2000:]
+  rows = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
+  resume = [r for r in rows if r["kind"] == "resume"]
+  assert resume == [dict(resume[0], step=10, previous_global_batch_size=8,
+                         global_batch_size=16)]
+  assert sorted(s for s in losses(workdir) if s > 10) == [11, 12]
+
+
+def test_second_interrupt_exits_at_once_in_one_line(reference, tmp_path):
+  workdir = tmp_path / "run"
+  shutil.copytree(reference, workdir)
+  script = ("import signal; from pathlib import Path; "
+            "from diff_transformer.training.checkpoint import Checkpointer; "
+            "from diff_transformer.training.loop import StopSignal, _exit_now; "
+            f"ckpt = Checkpointer(Path({str(workdir)!r})); "
+            "stop = StopSignal(lambda: _exit_now(ckpt, None)); "
+            "signal.raise_signal(signal.SIGINT); assert stop.requested == 'SIGINT'; "
+            "signal.raise_signal(signal.SIGINT); print('not reached')")
+  proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env(),
+                        capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 130 and "not reached" not in proc.stdout, proc.stderr[-2000:]
+  lines = proc.stderr.strip().splitlines()
+  assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+  assert "abandoned" in lines[0] and f"newest checkpoint is step 10 in {workdir}" in lines[0]
+
+
+# ---- bad input: one line, exit 2, no traceback -----------------------------------------------
+def test_missing_config_file(tmp_path):
+  proc = run_program("train.py", "--config=no_such_config.py", "--dry_run", cwd=tmp_path)
+  assert_single_stderr_line(proc, "--config: no such file no_such_config.py", str(tmp_path))
+
+
+def test_default_config_found_from_another_directory(tmp_path):
+  proc = run_program("train.py", "--dry_run", cwd=tmp_path)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert json.loads(proc.stdout.strip().splitlines()[-1])["variant"] == "diff"
+
+
+def test_unknown_config_key_is_plain_with_the_suggestion():
+  proc = run_program("train.py", "--dry_run", "--config.train.stepz=3")
+  line = assert_single_stderr_line(proc, "unknown config key 'stepz'",
+                                   'Did you mean "steps" instead of "stepz"?')
+  assert "\\" not in line
+
+
+def test_damaged_config_json_in_workdir(corpus, tmp_path):
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  (workdir / "config.json").write_text('{"model": {"variant": ')
+  proc = run(workdir, tiny_flags(corpus))
+  assert_single_stderr_line(proc, f"{workdir / 'config.json'}: damaged JSON", "line 1")
+  assert (workdir / "config.json").read_text() == '{"model": {"variant": '  # left as it was
+
+
+def test_damaged_metadata_json_in_data_dir(corpus, tmp_path):
+  data = tmp_path / "data"
+  shutil.copytree(corpus, data)
+  (data / "metadata.json").write_text("{not json")
+  proc = run(tmp_path / "run", tiny_flags(data))
+  assert_single_stderr_line(proc, f"{data / 'metadata.json'}: damaged JSON")
+
+
+def test_workdir_that_is_a_file(corpus, tmp_path):
+  path = tmp_path / "a_file"
+  path.write_text("keep me")
+  proc = run(path, tiny_flags(tmp_path / "no_such_data"))  # refused before data is looked at
+  assert_single_stderr_line(proc, f"--workdir {path}: is a file")
+  assert path.read_text() == "keep me"
+
+
+def test_read_only_workdir(corpus, tmp_path):
+  ro = tmp_path / "ro"
+  if os.geteuid() != 0:
+    ro.mkdir()
+    ro.chmod(0o555)
+  elif not _mount_tmpfs(ro, "ro,size=64k"):
+    pytest.skip("a read-only directory needs chmod (non-root) or a read-only mount (root)")
+  try:
+    proc = run(ro / "run", tiny_flags(corpus))
+    assert_single_stderr_line(proc, f"--workdir {ro / 'run'}: cannot create")
+  finally:
+    if os.geteuid() == 0:
+      _umount(ro)
+
+
+def test_sweep_file_with_a_syntax_error(tmp_path):
+  bad = tmp_path / "bad_sweep.py"
+  bad.write_text("from diff_transformer.sweeps.definition import Sweep\nSWEEP = Sweep(\n")
+  proc = run_program("sweep.py", f"--sweep={bad}", f"--root={tmp_path / 'r'}")
+  assert_single_stderr_line(proc, f"--sweep: {bad}:2:")
+
+
+def test_malformed_tpu_topology():
+  proc = run_program("aot_compile.py", "--topology=v5e_2x2")
+  assert_single_stderr_line(proc, "--topology: 'v5e_2x2' is not a TPU topology name")
+
+
+def test_prepare_data_bad_input(tmp_path):
+  proc = run_program("prepare_data.py", "--input", str(tmp_path / "nope.txt"),
+                     "--output", str(tmp_path / "out"))
+  assert_single_stderr_line(proc, "nope.txt: no such file or directory")
