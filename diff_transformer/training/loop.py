@@ -69,7 +69,7 @@ def _state_loss(trainer: Trainer, state, batch, micro_batches: int) -> float:
   a step already fits in memory): a checkpoint is saved only once this is finite."""
   if micro_batches > 1:  # rows j*m of each device's block: micro-batch 0, no resharding
     batch = jax.tree.map(lambda x: x[::micro_batches], batch)
-  nll, tokens = trainer.eval_step(state, batch)
+  nll, tokens, _ = trainer.eval_step(state, batch)
   return float(nll) / max(float(tokens), 1.0)
 
 
