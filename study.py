@@ -9,7 +9,6 @@ ones resume, so rerunning the same command continues a study.
 """
 from __future__ import annotations
 
-import importlib.util
 import shlex
 import time
 from pathlib import Path
@@ -20,7 +19,6 @@ cli.default_platform()
 
 from absl import flags, logging  # noqa: E402
 
-from diff_transformer.config import ConfigError  # noqa: E402
 from diff_transformer.study import report, runner  # noqa: E402
 
 flags.DEFINE_string("study", "configs/studies/retrieval.py", "Study file (defines STUDY).")
@@ -29,27 +27,11 @@ flags.DEFINE_bool("quick", False, "The study's quick form: fewer seeds and steps
 FLAGS = flags.FLAGS
 
 
-def load_study(path: str):
-  """STUDY of a study file, or one line saying what is wrong with the file."""
-  file = Path(path)
-  if not file.is_file():
-    raise ConfigError(f"--study: no such file {path}")
-  spec = importlib.util.spec_from_file_location("study_definition", file)
-  module = importlib.util.module_from_spec(spec)
-  try:
-    spec.loader.exec_module(module)
-  except SyntaxError as e:
-    raise ConfigError(f"--study: {path}:{e.lineno}: syntax error: {e.msg}") from None
-  if not hasattr(module, "STUDY"):
-    raise ConfigError(f"--study: {path} defines no STUDY")
-  return module.STUDY
-
-
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
   start = time.perf_counter()
-  study = load_study(FLAGS.study).validate()  # the whole file, also when running --quick
+  study = cli.load_definition(FLAGS.study, "study", "STUDY").validate()  # the whole file, also when running --quick
   if FLAGS.quick:
     study = study.quick().validate()
   root = Path(FLAGS.root or Path("runs") / "studies" / study.name)

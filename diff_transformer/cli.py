@@ -17,13 +17,14 @@ import importlib.util
 import logging
 import os
 import sys
+import traceback
 from pathlib import Path
 from typing import Any, Callable, NoReturn
 
 from absl import flags
 
 from diff_transformer.config import ConfigError, validate
-from diff_transformer.errors import UserError, message_lines
+from diff_transformer.errors import UserError, first_line, message_lines
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 USER_ERROR_EXIT = 2
@@ -95,6 +96,27 @@ def _one_line(e: Exception) -> str:
     return f"unknown config key {key} ({'; '.join(hint)})"
   lines = message_lines(e)
   return lines[-1] if lines else type(e).__name__
+
+
+def load_definition(path: str, flag: str, name: str, error: type[UserError] = ConfigError):
+  """The object `name` (e.g. SWEEP, STUDY) a definition file defines; a missing file or one that
+  fails to run is one `error` naming the file (and line)."""
+  path = resolve_config_path(path, flag)
+  spec = importlib.util.spec_from_file_location(f"{flag}_definition", path)
+  module = importlib.util.module_from_spec(spec)
+  try:
+    spec.loader.exec_module(module)
+  except SyntaxError as e:
+    raise error(f"--{flag}: {e.filename or path}:{e.lineno}: {e.msg}") from None
+  except UserError:  # already one line naming the file and field
+    raise
+  except Exception as e:  # noqa: BLE001 - any error the file's own code raises
+    line = next((f.lineno for f in reversed(traceback.extract_tb(e.__traceback__))
+                 if os.path.abspath(f.filename) == os.path.abspath(path)), "?")
+    raise error(f"--{flag}: {path}:{line}: {type(e).__name__}: {first_line(e)}") from None
+  if not hasattr(module, name):
+    raise error(f"--{flag}: {path} defines no {name}")
+  return getattr(module, name)
 
 
 def resolve_config_path(value: str, flag: str = "config") -> str:
