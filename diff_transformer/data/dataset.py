@@ -16,13 +16,9 @@ from diff_transformer.data.tokenizer import Tokenizer, check_name, load_tokenize
 DATASETS = ("shakespeare", "prepared") + synthetic.TASKS
 
 
-@dataclasses.dataclass(frozen=True)
-class Dataset:
-  """What training and evaluation need from the data: open it with `load_dataset`."""
-  path: Path  # the prepared directory
+class _TokenizerFields:
+  """vocab_size and eot_id of the data's tokenizer (what the model and trainer check)."""
   tokenizer: Tokenizer
-  metadata: dict
-  seq_len: int
 
   @property
   def vocab_size(self) -> int:
@@ -31,6 +27,15 @@ class Dataset:
   @property
   def eot_id(self) -> int:
     return self.tokenizer.eot_id
+
+
+@dataclasses.dataclass(frozen=True)
+class Dataset(_TokenizerFields):
+  """What training and evaluation need from the data: open it with `load_dataset`."""
+  path: Path  # the prepared directory
+  tokenizer: Tokenizer
+  metadata: dict
+  seq_len: int
 
   def tokens(self, split: str) -> np.ndarray:
     """The split's whole token stream, memory-mapped (eot d0 eot d1 ... eot)."""
@@ -47,7 +52,7 @@ class Dataset:
 
 
 @dataclasses.dataclass(frozen=True)
-class TaskDataset:
+class TaskDataset(_TokenizerFields):
   """A synthetic task (data/synthetic.py) in place of a prepared directory: rows come from
   synthetic.generate, the 'tokenizer' is the task's id layout."""
   spec: synthetic.TaskSpec
@@ -63,14 +68,6 @@ class TaskDataset:
     # A model that ignores the context can at best spread the answer over the value pool.
     values = self.spec.pools()["value"][1]
     return dict(task=self.spec.describe(), unigram_entropy_nats=float(np.log(values)))
-
-  @property
-  def vocab_size(self) -> int:
-    return self.tokenizer.vocab_size
-
-  @property
-  def eot_id(self) -> int:
-    return self.tokenizer.eot_id
 
 
 @functools.lru_cache(maxsize=16)
