@@ -1,5 +1,6 @@
 """The default variant study: compositional MQAR (configs/synthetic.py:<variant>-mqar), every
-variant parameter-matched, 3 seeds, 800 steps; --quick: plain MQAR, 2 seeds, 250 steps.
+variant parameter-matched, 3 seeds, 800 steps; --quick: plain MQAR (8 keys, 4 asked, 128 task
+ids, T=64), 2 seeds, 250 steps.
 
     python study.py --study=configs/studies/retrieval.py --root=runs/studies/retrieval
 """
@@ -14,7 +15,8 @@ STUDY = Study(
     quick_seeds=(0, 1),
     quick_overrides=(("train.steps", 250), ("train.checkpoint_every", 250),
                      ("data.task.compositional", False), ("data.task.num_keys", 8),
-                     ("data.task.num_queries", 4), ("data.seq_len", 64)),
+                     ("data.task.num_queries", 4), ("data.task.vocab_size", 128),
+                     ("data.seq_len", 64)),
     description=(
         "Compositional multi-query associative recall: 4 x 4 two-token keys stored as 16 "
         "`k1 k2 v` triples, 8 of them asked; every asked pair has 6 partial-match distractors. "

@@ -87,6 +87,12 @@ class TaskSpec:
       start += size
     return out
 
+  def settings(self) -> dict:
+    """The fields that apply to this task (for reports)."""
+    own = (("compositional", "num_keys", "num_queries", "query_power") if self.name == "mqar" else
+           ("needles", "asked", "distractors", "depth_min", "depth_max", "filler"))
+    return {k: getattr(self, k) for k in ("seq_len", "vocab_size") + own + ("heldout_buckets",)}
+
   def describe(self) -> dict:
     return dict(task=self.name, vocab_size=self.vocab_size, pools=self.pools(),
                 special=dict(pad=PAD, blank=BLANK, needle=NEEDLE, query=QUERY))

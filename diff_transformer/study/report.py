@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from diff_transformer.data import synthetic
 from diff_transformer.evaluation import common
 from diff_transformer.study.definition import BASELINE, Study
 from diff_transformer.study.stats import paired, summarize
@@ -39,7 +40,8 @@ def build(study: Study, runs: list[dict], wall_seconds: float, command: str) -> 
                        for m in metrics}
   config = study.get_config(study.points()[0])
   info = dict(name=study.name, description=study.description, variants=list(study.variants),
-              seeds=list(study.seeds), task=config.data.name, task_params=config.data.task.to_dict(),
+              seeds=list(study.seeds), task=config.data.name,
+              task_params=synthetic.task_spec(config.data).settings(),
               seq_len=config.data.seq_len, steps=config.train.steps,
               batch=config.train.global_batch_size, d_model=config.model.d_model,
               layers=config.model.num_layers, short_conv=config.model.short_conv,
@@ -88,7 +90,8 @@ def _pm(s: dict, digits: int = 3) -> str:
 def _ci(p: dict) -> str:
   if p["n"] == 0:
     return "-"
-  if abs(p["mean_diff_vs_transformer"]) >= 100:
+  if max(abs(v) for v in (p["mean_diff_vs_transformer"], p["ci95_low"], p["ci95_high"])
+         if not math.isnan(v)) >= 100:
     return f"{p['mean_diff_vs_transformer']:+.0f} [{p['ci95_low']:+.0f}, {p['ci95_high']:+.0f}]"
   if math.isnan(p["ci95_low"]):
     return f"{p['mean_diff_vs_transformer']:+.3f} (n={p['n']}, no interval)"
@@ -119,7 +122,9 @@ def write(result: dict, root: Path) -> Path:
            f"order for every variant per seed); {info['eval_rows']} held-out rows per slice.",
            "", f"Command: `{info['command']}`", "",
            f"Wall time of this invocation: {info['wall_seconds'] / 60:.1f} min on {info['machine']}"
-           " (runs finished earlier are skipped, so a resumed study shows less).", "",
+           " (runs finished earlier are skipped, so a resumed study shows less); the runs' own "
+           f"training time (first to last logged step, summed): {_train_minutes(result):.1f} min.",
+           "",
            "## Per variant (mean ± std over seeds)", ""]
   header = ["variant", "params", "final loss", "val accuracy", "steps to 0.9", "first-query acc.",
             "answer share", "distractor share", "noise share", "logit top-1"]
@@ -147,6 +152,11 @@ def write(result: dict, root: Path) -> Path:
             f"![learning curves]({plot_curves(result, root / 'learning_curves.png')})", ""]
   (root / "report.md").write_text("\n".join(lines))
   return root / "report.md"
+
+
+def _train_minutes(result: dict) -> float:
+  return sum(r["train_seconds"] for r in result["runs"]
+             if r["train_seconds"] is not None and not math.isnan(r["train_seconds"])) / 60
 
 
 def _params(result: dict, variant: str) -> str:
