@@ -3,14 +3,14 @@
 Select with `--config=configs/scaling.py:<variant>-<size>`, e.g. `diff-830m`, `transformer-13.1b`,
 `shared_diff-2.8b`, `diff_v2-3b`, `diff-3b-64k`. Overrides as usual: `--config.model.num_layers=4`.
 
-Sources (SPEC.md section 6):
-- DIFF / Transformer rows: DIFF paper Table 10 (seeds/004). Transformer rows keep D, L, d and use
+Sources (the papers' scaling tables; README 'Configs and presets'):
+- DIFF / Transformer rows: DIFF paper Table 10 (Ye et al., Differential Transformer). Transformer rows keep D, L, d and use
   2h heads (parameter-matched). FFN = 8/3 D rounded to the nearest multiple of 128 (the table gives
   no widths). Learning rate 1.5e-4 (830M-2.8B) and 7.5e-5 (6.8B-13.1B) as in the seed slides; one
   secondary transcription of the paper reads ten times higher, so treat lr as uncertain.
   Schedule: 40K steps, 0.25M-token batches of 2048, warmup 375 then linear decay (to 0: the paper
   states no floor), AdamW (0.9, 0.98), weight decay 0.05.
-- Shared DIFF rows: Shared DIFF paper Table 3 (seeds/000) with its ranks. Where D / 2h is not an
+- Shared DIFF rows: Shared DIFF paper Table 3 (Cang et al.) with its ranks. Where D / 2h is not an
   integer (1.4B: 2048 / 20, 2.8B: 2880 / 28, 6.8B: 4096 / 40, 13.1B: 5120 / 60) we keep D, L, h
   and r, take d = D // 2h (rounded down to even for RoPE: 13.1B gets 84) and size W_O from 2h*d (a deviation from the table). The paper's §2.3
   parameter formula counts two low-rank terms; the code has four (Q1, Q2, K1, K2) and reports
@@ -20,7 +20,7 @@ Sources (SPEC.md section 6):
   count); at equal D, L, h, d Shared DIFF always has fewer (tests/test_params.py).
 - DIFF V2 rows mirror the Transformer rows (same D, L, h, h_kv, d); V2 adds D*h*d query and D*h
   lambda parameters per layer.
-- 3B rows (seeds/004 and seeds/000 Table 1): DIFF-3B L 28, D 3072, FFN 8192, 12 heads of 128;
+- 3B rows (the DIFF paper's 3B setup and Shared DIFF Table 1): DIFF-3B L 28, D 3072, FFN 8192, 12 heads of 128;
   Transformer-3B 24 heads; Shared-DIFF-3B L 30, D 2880, FFN 7680, 14 heads, rank 256. AdamW
   (0.9, 0.95), lr 3.2e-4, 1000 warmup steps, linear decay to 1.28e-5, weight decay 0.1, 4M-token
   batches of 4096 (1T tokens = 250K steps).

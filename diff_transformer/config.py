@@ -160,7 +160,7 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   if query_heads % kv:
     _fail("model.num_kv_heads", f"{kv} kv heads do not divide {query_heads} query heads")
   if m.variant in ("diff", "shared_diff"):
-    # h = D / 2d; Shared DIFF's Table 3 rows allow d = D // 2h (rounded down), as SPEC 4 says.
+    # h = D / 2d; Shared DIFF's Table 3 rows allow d = D // 2h (rounded down), a documented deviation (configs/scaling.py).
     ok = 2 * m.num_heads * m.head_dim <= m.d_model if m.variant == "shared_diff" else (
         2 * m.num_heads * m.head_dim == m.d_model)
     if not ok:

@@ -1,4 +1,4 @@
-"""KV-cache decoding equals full-sequence recomputation; cache sizes follow SPEC section 5."""
+"""KV-cache decoding equals full-sequence recomputation; cache sizes follow model/cache.py's layout table."""
 import jax
 import numpy as np
 import pytest

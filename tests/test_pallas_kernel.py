@@ -1,7 +1,7 @@
 """Fused differential Pallas kernel vs an independent float64 numpy reference (forward + grads).
 
-Interpret mode on CPU. The numpy reference below is written from the formulas (SPEC §3, §5,
-kernels/common.py) with an explicit softmax-Jacobian backward, and is itself checked against
+Interpret mode on CPU. The numpy reference below is written from the formulas (README 'The
+variants', kernels/common.py) with an explicit softmax-Jacobian backward, and is itself checked against
 finite differences. Lowering for TPU/Triton and sharding run in subprocesses (fresh jax).
 """
 from __future__ import annotations

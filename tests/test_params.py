@@ -1,4 +1,4 @@
-"""Parameter counts of every preset against closed forms written from the SPEC formulas."""
+"""Parameter counts of every preset against closed forms written from the papers' formulas (README 'The variants')."""
 import dataclasses
 
 import pytest

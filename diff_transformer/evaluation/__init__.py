@@ -1,4 +1,4 @@
-"""Evaluation suites (SPEC section 7), one module each; `runner.evaluate` runs them on a
+"""Evaluation suites (definitions in docs/evaluation.md), one module each; `runner.evaluate` runs them on a
 checkpoint and `report` writes report.md and the multi-run comparison. See docs/evaluation.md."""
 from diff_transformer.evaluation.common import EvalError, Settings
 from diff_transformer.evaluation.runner import SUITES, evaluate, parse_suites

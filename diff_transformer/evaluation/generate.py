@@ -1,6 +1,6 @@
 """Text generation with the KV cache: greedy and temperature / top-k sampling, any variant.
 
-Also records the cache layout per token (SPEC section 5) and checks that greedy decoding with the
+Also records the cache layout per token (model/cache.py) and checks that greedy decoding with the
 cache picks the same tokens as the argmax of a full-sequence forward over the same text.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Multi-needle retrieval (SPEC section 7): city -> magic-number needles in real held-out text.
+"""Multi-needle retrieval (protocol in docs/evaluation.md): city -> magic-number needles in real held-out text.
 
 A sample of `length` tokens holds N needles "The magic number for <city> is <number>." inserted at
 line boundaries of a held-out haystack; R of them are asked for. The first asked ("answer")

@@ -1,4 +1,4 @@
-"""KV cache for incremental decoding (SPEC section 5: what each variant keeps per token).
+"""KV cache for incremental decoding (what each variant keeps per token).
 
 Per layer and token the cache holds the keys and values the kernel reads:
 - transformer, diff_v2: h_kv keys of width d and h_kv values of width d;

@@ -50,7 +50,7 @@ def initialize_distributed(coordinator_address: str = "", num_processes: int = 0
                        f"together with 0 <= process_id < num_processes (got "
                        f"'{coordinator_address}', {num_processes}, {process_id})")
     if os.environ.get("JAX_PLATFORMS", "") == "cpu":
-      # CPU processes need a collectives backend to talk to each other (STACK: gloo).
+      # CPU processes need a collectives backend to talk to each other (gloo on CPU).
       jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(coordinator_address=coordinator_address,
                                num_processes=num_processes, process_id=process_id)

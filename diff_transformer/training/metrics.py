@@ -30,7 +30,7 @@ PEAK_TFLOPS = (
     ("A100", 312.0),
 )
 # CPU has no vendor peak: a nominal 0.35 TFLOP/s per host, the float32 2048^3 matmul rate measured
-# on the project's 2-core AVX-512 machines (STACK.md), shared by that host's CPU devices.
+# on the project's 2-core AVX-512 machines, shared by that host's CPU devices.
 CPU_HOST_TFLOPS = 0.35
 
 

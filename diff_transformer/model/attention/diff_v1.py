@@ -35,7 +35,7 @@ class DiffAttention(Attention):
 
   @classmethod
   def cache_layout(cls, spec):
-    """2 h_kv keys ([K1; K2]) of width d and h_kv values of width 2d (SPEC section 5)."""
+    """2 h_kv keys ([K1; K2]) of width d and h_kv values of width 2d (model/cache.py)."""
     return (2 * spec.kv_heads, spec.head_dim), (spec.kv_heads, 2 * spec.head_dim)
 
   def init_qk(self, rngs):
