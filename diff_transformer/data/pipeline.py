@@ -146,10 +146,10 @@ def train_iterator(dataset: Dataset, data_config: ml_collections.ConfigDict,
   local = global_batch_size // process_count
   seed = int(data_config.seed if seed is None else seed)
   if isinstance(dataset, TaskDataset):
-    batches = _task_batches(dataset, "train", seed, local, process_index, process_count)
     if num_epochs is not None:
       raise DataError("num_epochs: synthetic tasks are an endless stream; leave it unset")
-    return JsonStateIterator(iter(batches))
+    return JsonStateIterator(iter(_task_batches(dataset, "train", seed, local, process_index,
+                                                process_count)))
   rows = _rows(dataset, "train", data_config.packing, seed=seed, shuffle=True,
                num_epochs=num_epochs, process_index=process_index,
                process_count=process_count, num_bins=max(local, 8))

@@ -20,6 +20,13 @@ from diff_transformer.data import synthetic
 from diff_transformer.evaluation import attention, common
 
 TASK_SPANS = ("answer", "distractors", "other_items", "noise")
+NORMALISATION = (
+    "share(span) = sum_{s in span} M[q, s] / sum_s |M[q, s]| for the map row of each asked "
+    "item's answer position q (the token whose target is the value), where M = A (softmax "
+    "attention) or M = A1 - lambda A2 (differential map; signed, so |shares| sum to at most 1); "
+    "per head, then averaged. Spans: answer = the asked item's tokens; distractors = stored items "
+    "sharing a key token with it; other_items = the other stored items; noise = every other "
+    "context token up to q.")
 
 
 def slices(spec: synthetic.TaskSpec, max_len: int) -> dict[str, synthetic.TaskSpec]:
@@ -146,10 +153,7 @@ def run_attention(fns: common.Fns, s: synthetic.TaskSpec, settings, out_dir) -> 
   return dict(task=s.name, by_layer=table, averaged=table["mean"],
               rows=settings.task_attention_rows,
               map="A1 - lambda A2" if fns.spec.variant != "transformer" else "A",
-              normalisation=attention.NORMALISATION.split(" Spans:")[0] +
-              " Spans: answer = the asked item's tokens; distractors = stored items sharing a "
-              "key token with it; other_items = the other stored items; noise = every other "
-              "context token up to the answer position.")
+              normalisation=NORMALISATION)
 
 
 def plot(results: dict, path) -> str:

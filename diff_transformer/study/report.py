@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import platform
 from pathlib import Path
 
@@ -74,7 +75,6 @@ def _cpu_name() -> str:
 
 
 def _cores() -> int:
-  import os
   return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
 

@@ -39,14 +39,14 @@ def run(study: Study, study_file: str, root: str | Path) -> dict[str, str]:
   return status
 
 
-def curve(workdir: Path) -> list[tuple[int, float]]:
-  """(step, val_accuracy) from the run's metrics log, in order (the last record of a step)."""
-  points: dict[int, float] = {}
+def _metrics(workdir: Path) -> list[dict]:
   path = workdir / "metrics.jsonl"
-  for line in path.read_text().splitlines() if path.is_file() else []:
-    row = json.loads(line)
-    if "val_accuracy" in row:
-      points[int(row["step"])] = float(row["val_accuracy"])
+  return [json.loads(l) for l in path.read_text().splitlines()] if path.is_file() else []
+
+
+def curve(rows: list[dict]) -> list[tuple[int, float]]:
+  """(step, val_accuracy) from a run's metrics log, in order (the last record of a step)."""
+  points = {int(r["step"]): float(r["val_accuracy"]) for r in rows if "val_accuracy" in r}
   return sorted(points.items())
 
 
@@ -56,8 +56,8 @@ def _first_step(points: list[tuple[int, float]], level: float) -> float:
   return next((float(step) for step, acc in points if acc >= level), math.nan)
 
 
-def _train_seconds(workdir: Path) -> float:
-  times = [json.loads(l)["time"] for l in (workdir / "metrics.jsonl").read_text().splitlines()]
+def _train_seconds(rows: list[dict]) -> float:
+  times = [r["time"] for r in rows]
   return float(max(times) - min(times)) if times else math.nan
 
 
@@ -73,6 +73,8 @@ def collect(study: Study, root: str | Path) -> list[dict]:
     ev = {s: json.loads((workdir / "eval" / f"{s}.json").read_text()) for s in SUITES}
     spec = ModelSpec.from_config(study.get_config(point).model)
     shares = ev["attention"]["averaged"]
+    rows = _metrics(workdir)
+    points = curve(rows)
     records.append(dict(
         variant=variant, seed=seed, point=point, params=params.count(spec)["params"],
         steps=summary.get("step"), final_loss=summary.get("val_loss"),
@@ -83,6 +85,5 @@ def collect(study: Study, root: str | Path) -> list[dict]:
         answer_share=shares["answer"], distractor_share=shares["distractors"],
         noise_share=shares["noise"],
         logit_top1=ev["outliers"]["overall"]["attention_logits"]["top1"],
-        steps_to_90=_first_step(curve(workdir), 0.9),
-        train_seconds=_train_seconds(workdir), curve=curve(workdir)))
+        steps_to_90=_first_step(points, 0.9), train_seconds=_train_seconds(rows), curve=points))
   return records
