@@ -27,7 +27,7 @@ def rms_normalize(x: Array, scale: Array | None, eps: float = NORM_EPS) -> Array
   x32 = x.astype(jnp.float32)
   y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
   if scale is not None:
-    y = y * scale
+    y = y * jnp.broadcast_to(scale, y.shape)
   return y.astype(x.dtype)
 
 
@@ -56,7 +56,7 @@ def rope(x_BTNH: Array, positions_BT: Array, theta: float, pairs: str = "interle
   half: pairs (i, i + H/2) as LLaMA/HF (a weight permutation of the same model)."""
   width = x_BTNH.shape[-1]
   freq_K = theta ** (-jnp.arange(0, width, 2, dtype=jnp.float32) / width)
-  angle_BTK = positions_BT[..., None].astype(jnp.float32) * freq_K
+  angle_BTK = positions_BT[..., None].astype(jnp.float32) * freq_K[None, None]
   cos, sin = jnp.cos(angle_BTK)[:, :, None], jnp.sin(angle_BTK)[:, :, None]
   x = x_BTNH.astype(jnp.float32)
   if pairs == "interleaved":
@@ -84,14 +84,14 @@ class ShortConv(nnx.Module):
   def __call__(self, x_BTD: Array, segment_ids_BT: Array | None = None) -> Array:
     w_WD = self.weight[...].astype(x_BTD.dtype)
     T = x_BTD.shape[1]
-    y_BTD = x_BTD + w_WD[0] * x_BTD
+    y_BTD = x_BTD + w_WD[0][None, None] * x_BTD
     for j in range(1, self.width):
       shifted_BTD = jnp.pad(x_BTD, ((0, 0), (j, 0), (0, 0)))[:, :T]
       if segment_ids_BT is not None:
         same_BT = jnp.pad(segment_ids_BT, ((0, 0), (j, 0)), constant_values=-1)[:, :T] == (
             segment_ids_BT)
         shifted_BTD = jnp.where(same_BT[..., None], shifted_BTD, 0)
-      y_BTD = y_BTD + w_WD[j] * shifted_BTD
+      y_BTD = y_BTD + w_WD[j][None, None] * shifted_BTD
     return y_BTD
 
   def step(self, x_BTD: Array, state_BWD: Array, advance_B: Array) -> tuple[Array, Array]:
@@ -100,6 +100,6 @@ class ShortConv(nnx.Module):
     T, W = x_BTD.shape[1], self.width
     w_WD = self.weight[...].astype(x_BTD.dtype)
     buf_BSD = jnp.concatenate([state_BWD.astype(x_BTD.dtype), x_BTD], axis=1)
-    y_BTD = x_BTD + sum(w_WD[j] * buf_BSD[:, W - 1 - j:W - 1 - j + T] for j in range(W))
+    y_BTD = x_BTD + sum(w_WD[j][None, None] * buf_BSD[:, W - 1 - j:W - 1 - j + T] for j in range(W))
     keep = lambda buf_SD, start: jax.lax.dynamic_slice_in_dim(buf_SD, start, W - 1, axis=0)
     return y_BTD, jax.vmap(keep)(buf_BSD, advance_B).astype(state_BWD.dtype)
