@@ -15,6 +15,7 @@ import argparse
 import contextlib
 import importlib.util
 import json
+import math
 import os
 import sys
 import time
@@ -114,6 +115,11 @@ def tpu_topology_mesh(topology: str = "v5e:2x2", shape=(2, 2)):
   return jax.sharding.Mesh(np.array(topology_devices(topology)).reshape(shape), ("data", "model"))
 
 
+def per_chip_bytes(*structs: jax.ShapeDtypeStruct) -> int:
+  """Bytes of one chip's shards of these sharded arguments, from their shapes alone."""
+  return sum(math.prod(s.sharding.shard_shape(s.shape)) * s.dtype.itemsize for s in structs)
+
+
 def aot_all(T: int = 2048, topology: str = "v5e:2x2") -> list[dict]:
   """Compile fwd and bwd of the sharded wrapper for real TPU chips; per-chip memory."""
   mesh = tpu_topology_mesh(topology)
@@ -131,7 +137,7 @@ def aot_all(T: int = 2048, topology: str = "v5e:2x2") -> list[dict]:
         mem = lowered.compile().memory_analysis()
         return dict(ok=True, memory={k: getattr(mem, k) for k in (
             "argument_size_in_bytes", "output_size_in_bytes", "temp_size_in_bytes",
-            "generated_code_size_in_bytes")})
+            "generated_code_size_in_bytes")}, expected_argument_bytes=per_chip_bytes(seg, *present))
 
       row = _attempt(dict(topology=topology, variant=variant, pass_=name, T=T,
                           shape="B2 N8 K2 d128 bf16, mesh data2 x model2"), compile_)

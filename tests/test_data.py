@@ -83,7 +83,8 @@ def test_byte_tokenizer_roundtrip():
   ids = tok.encode(text)
   assert max(ids) < 256 and tok.decode(ids + [tok.eot_id]) == text
   assert (tok.vocab_size, tok.eot_id) == (257, 256)
-  assert tok.checksum == ByteTokenizer().checksum and len(tok.checksum) == 64
+  # Pinned: checkpoints record this checksum, so a change would refuse every existing byte run.
+  assert tok.checksum == "37d643deeadff08791099fe61ec44a887366feb0acafa0307fcafd3b303a4408"
 
 
 def test_bpe_roundtrip_and_determinism(tmp_path):

@@ -83,12 +83,6 @@ def test_cache_size_per_token_follows_spec(name):
     assert cache.values_per_token == spec.num_layers * 4 * k * d
 
 
-def test_diff_v2_cache_equals_baseline_cache():
-  base = kv_cache.init(tiny(**CASES["transformer_gqa"]), 1, 4)
-  v2 = kv_cache.init(tiny(**CASES["diff_v2_gqa"]), 1, 4)
-  assert base.k.shape == v2.k.shape and base.v.shape == v2.v.shape
-
-
 def test_decode_beyond_max_seq_len_is_one_clear_error(fns):
   with pytest.raises(common.EvalError, match="exceeds the model's max_seq_len 48"):
     decoding.generate(fns, [[1] * 40], 10)

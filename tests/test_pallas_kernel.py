@@ -272,4 +272,8 @@ def test_tpu_aot_compile_v5e(tmp_path):
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   rows = json.loads(out.read_text())["aot"]
   assert rows and all(r["ok"] for r in rows), rows
-  assert all(r["memory"]["temp_size_in_bytes"] >= 0 for r in rows)
+  # What XLA reserves per chip for the arguments is what their shard shapes say (plus alignment
+  # padding): the wrapper shards batch and heads instead of gathering them onto each chip.
+  for r in rows:
+    expected, got = r["expected_argument_bytes"], r["memory"]["argument_size_in_bytes"]
+    assert expected <= got <= expected + 4096, r
