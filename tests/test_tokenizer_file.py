@@ -134,5 +134,6 @@ def test_parallel_tokenization_writes_the_same_files(prepared, tmp_path):
   meta = prepare_files([tmp / "corpus"], tmp_path / "two", tokenizer="file", tokenizer_file=user,
                        progress=False, workers=2)
   assert meta["tokenize"]["processes"] == 2 and meta["tokenize"]["tokens_per_s"] > 0
-  for name in ("train.bin", "val.bin", "train.idx.npy", "val.idx.npy", "tokenizer.json"):
+  for name in ("train-00000.bin", "val-00000.bin", "train-00000.idx.npy", "val-00000.idx.npy",
+               "tokenizer.json"):
     assert (tmp_path / "two" / name).read_bytes() == (tmp / "data" / name).read_bytes(), name
