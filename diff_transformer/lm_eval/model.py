@@ -152,8 +152,8 @@ class DiffTransformerLM(TemplateLM):
     them: sampling only with do_sample true (temperature default 1.0, 0 = greedy), else greedy."""
     do_sample = str(gen_kwargs.get("do_sample", False)).lower() in ("true", "1")
     settings = dict(temperature=float(gen_kwargs.get("temperature", 1.0)) if do_sample else 0.0,
-                    top_k=int(gen_kwargs.get("top_k") or 0),
-                    top_p=float(gen_kwargs.get("top_p") or 1.0))
+                    top_k=int(gen_kwargs.get("top_k", 0)),
+                    top_p=float(gen_kwargs.get("top_p", 1.0)))
     if settings["temperature"] < 0 or not 0.0 < settings["top_p"] <= 1.0 or settings["top_k"] < 0:
       raise EvalError(f"generation_kwargs: temperature >= 0, top_k >= 0 and 0 < top_p <= 1 "
                        f"required, got {settings}")
@@ -171,7 +171,7 @@ class DiffTransformerLM(TemplateLM):
       for j, (_, gen_kwargs) in enumerate(batch):  # one decode call per distinct setting
         by_kwargs.setdefault(json.dumps(gen_kwargs, sort_keys=True, default=str), []).append(j)
       texts: list[str | None] = [None] * len(batch)
-      for key, members in by_kwargs.items():
+      for members in by_kwargs.values():
         gen_kwargs = dict(batch[members[0]][1])
         until = gen_kwargs.get("until") or []
         until = [until] if isinstance(until, str) else list(until)
@@ -179,9 +179,10 @@ class DiffTransformerLM(TemplateLM):
         new = min(new, self.max_length - 1)
         prompts = [(self.tok_encode(batch[j][0]) or [self.eot_token_id])[-(self.max_length - new):]
                    for j in members]
-        seed = zlib.crc32(f"{self.seed} {start} {key}".encode())  # stable across processes
+        sampling = self._sampling(gen_kwargs)
+        seed = zlib.crc32(f"{self.seed} {start} {sorted(sampling.items())}".encode())  # stable
         generated = decoding.generate(self.fns, prompts, new, seed=seed,
-                                      num_ids=self.tok.vocab_size, **self._sampling(gen_kwargs))
+                                      num_ids=self.tok.vocab_size, **sampling)
         for j, ids in zip(members, generated):
           if self.eot_token_id in ids:
             ids = ids[:ids.index(self.eot_token_id)]
