@@ -62,6 +62,7 @@ def test_logits_and_greedy_generation_match(exported):
   import jax.numpy as jnp
   import torch
   import transformers
+  from diff_transformer.data.tokenizer import ByteTokenizer
   from diff_transformer.evaluation import decoding
   from diff_transformer.evaluation.common import Fns
   (variant, _, tie, _), workdir, out = exported
@@ -84,8 +85,8 @@ def test_logits_and_greedy_generation_match(exported):
   with torch.no_grad():
     hf_out = hf.generate(torch.from_numpy(prompts), max_new_tokens=32, do_sample=False,
                          min_new_tokens=32)[:, prompts.shape[1]:].numpy()
-  mine = decoding.generate(Fns(ours), prompts.tolist(), 32)
-  assert hf_out.tolist() == mine
+  mine = decoding.generate(Fns(ours), prompts.tolist(), 32, num_ids=ByteTokenizer.vocab_size)
+  assert hf_out.tolist() == mine  # neither picks the padded rows 257..263
 
 
 def test_tokenizer_and_generation_config(exported):
@@ -98,6 +99,8 @@ def test_tokenizer_and_generation_config(exported):
   assert tok.decode(tok(text)["input_ids"]) == text
   gen = transformers.GenerationConfig.from_pretrained(out)
   assert gen.eos_token_id == ByteTokenizer.eot_id == tok.eos_token_id
+  padded = list(range(ByteTokenizer.vocab_size, hf_runs.VOCAB))  # rows no byte id reaches
+  assert gen.suppress_tokens == padded and len(padded) == 7
 
 
 @pytest.mark.parametrize("field,value,needle", [
