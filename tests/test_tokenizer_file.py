@@ -155,7 +155,7 @@ def test_tiktoken_run_exports_tokenizer_files_that_encode_alike(prepared, tmp_pa
   from tests import hf_runs
   tmp, _, _ = prepared
   text = "".join(p.read_text() for p in sorted((tmp / "corpus").iterdir())[:2])
-  ranks = _tiktoken_file(tmp_path / "r50k_base.tiktoken", text + " 1234567 3.14159")
+  ranks = _tiktoken_file(tmp_path / "r50k_base.tiktoken", text + ",12345678" * 300)
   workdir = hf_runs.make_run(tmp_path / "run", hf_runs.run_config("transformer", vocab_size=50304))
   shutil.copyfile(ranks, workdir / TIKTOKEN_FILE)
   ours = TiktokenTokenizer(workdir / TIKTOKEN_FILE, "r50k_base")
@@ -163,7 +163,8 @@ def test_tiktoken_run_exports_tokenizer_files_that_encode_alike(prepared, tmp_pa
   export_run(workdir, tmp_path / "hf")
   theirs = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
   samples = [text[:3000], "The king's ghost, at sea: \u00e9t\u00e9 \U0001f642 <|endoftext|>\n",
-             "  12345678  don't\n\n\tx \x00\u4e2d\u6587  ", "a<|endoftext|>b 3.14159\r\n"]
+             "  12345678  don't\n\n\tx \x00\u4e2d\u6587  ", "a<|endoftext|>b 3.14159\r\n",
+             "12345678,1234567812345678"]
   for sample in samples:
     ids = theirs(sample, add_special_tokens=False)["input_ids"]
     assert ids == ours.encode(sample) and theirs.decode(ids) == sample
