@@ -9,9 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from diff_transformer.data import DataError, prepare_files
+from diff_transformer.data import DataError, prepare_files, read_metadata
 from diff_transformer.data.tokenizer import FileTokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,7 +73,9 @@ def test_changed_tokenizer_file_is_refused_on_resume(prepared, tmp_path):
   import shutil
   shutil.copytree(tmp / "data", data)
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
-  flags = tiny_flags(data, **{"data.tokenizer": "file", "model.vocab_size": 384,
+  # The presets' padding: model.vocab_size (tiny_flags' value) gives way to the 300 ids
+  # rounded up to 128.
+  flags = tiny_flags(data, **{"data.tokenizer": "file", "model.vocab_multiple": 128,
                               "train.steps": 2, "train.eval_every": 2})
   train = lambda *extra: subprocess.run(
       [sys.executable, str(ROOT / "train.py"), f"--workdir={tmp_path / 'run'}", *flags, *extra],
@@ -80,7 +83,14 @@ def test_changed_tokenizer_file_is_refused_on_resume(prepared, tmp_path):
   first = train()
   assert first.returncode == 0, first.stderr[-2000:]
   record = json.loads((tmp_path / "run" / "tokenizer_record.json").read_text())
-  assert record["name"] == "file" and record["vocab_padding"] == 384 - record["vocab_size"]
+  assert record["name"] == "file" and record["vocab_size"] == 300
+  assert record["vocab_padding"] == 84
+  config = json.loads((tmp_path / "run" / "config.json").read_text())
+  assert config["model"]["vocab_size"] == 384 and config["model"]["vocab_multiple"] == 128
+  meta = read_metadata(data)
+  for split in ("train", "val"):  # the padded ids 300..383 never occur in the data
+    for shard in meta["splits"][split]["shards"]:
+      assert np.fromfile(data / shard["file"], meta["dtype"]).max() < 300
   assert (tmp_path / "run" / "tokenizer.json").read_bytes() == (data / "tokenizer.json").read_bytes()
   tok = Tokenizer.from_file(str(data / "tokenizer.json"))
   tok.add_tokens(["castle-of-the-king"])
