@@ -152,9 +152,10 @@ def test_users_tokenizer_file_is_exported(tmp_path):
   import transformers
   from diff_transformer.data import describe
   from diff_transformer.data.tokenizer import FileTokenizer
+  from diff_transformer.interop import InteropError
   from diff_transformer.interop.export import export_run
   from tests.test_tokenizer_file import _user_tokenizer
-  workdir = hf_runs.make_run(tmp_path / "run", hf_runs.run_config("diff"))
+  workdir = hf_runs.make_run(tmp_path / "run", hf_runs.run_config("diff", vocab_size=384))
   user = _user_tokenizer(workdir / "tokenizer.json", ["the king and the sea, a letter"] * 20)
   tok = FileTokenizer.from_file(user)
   (workdir / "tokenizer_record.json").write_text(json.dumps(describe(tok)))
@@ -163,3 +164,8 @@ def test_users_tokenizer_file_is_exported(tmp_path):
   text = "the sea king wrote a letter"
   assert hf_tok(text)["input_ids"] == tok.encode(text)
   assert hf_tok.eos_token == "</s>" and hf_tok.eos_token_id == tok.eot_id
+  # A tokenizer with more ids than the model has rows cannot come from a run: refused.
+  hf_runs.make_run(tmp_path / "small", hf_runs.run_config("diff"))
+  (tmp_path / "small" / "tokenizer_record.json").write_text(json.dumps(describe(tok)))
+  with pytest.raises(InteropError, match=r"277 ids exceed model.vocab_size 264"):
+    export_run(tmp_path / "small", tmp_path / "hf2")
