@@ -233,8 +233,8 @@ def _init_worker(name: str, directory: str, dtype: str) -> None:
 
 
 def _encode(tok: Tokenizer, dtype: np.dtype, batch: list) -> tuple[list, np.ndarray, np.ndarray]:
-  """(keys, concatenated ids, lengths [N]) of a batch of (index, split, name, text): one flat
-  array pickles far faster between processes than lists of ints."""
+  """(keys, concatenated ids, lengths [N]) of a batch of (index, split, name, text): workers
+  send one array per batch back, not a Python int per token."""
   ids = tok.encode_batch([b[3] for b in batch])
   lengths_N = np.fromiter(map(len, ids), np.int64, len(ids))
   flat = np.fromiter(itertools.chain.from_iterable(ids), dtype, int(lengths_N.sum()))
