@@ -3,6 +3,7 @@
   python prepare_data.py --input my_texts/ --output data/mine [--tokenizer bpe|byte]
       [--tokenizer_file PATH/tokenizer.json | --tiktoken_file PATH/cl100k_base.tiktoken]
       [--bpe_vocab_size 8192] [--val_fraction 0.05] [--text_field text] [--force]
+      [--workers N] [--shard_tokens 134217728]
   python train.py ... --config.data.name=prepared --config.data.path=data/mine
 
 Inputs: .txt files (one document each), .jsonl files (one document per line, in --text_field),
@@ -18,6 +19,7 @@ import time
 from diff_transformer import cli
 from diff_transformer.config import base_config
 from diff_transformer.data import DataError, load_dataset, prepare_files
+from diff_transformer.data.shards import SHARD_TOKENS
 from diff_transformer.data.tokenizer import TOKENIZERS
 
 
@@ -45,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
                  help="tokenizer processes (default 1: HF tokenizers and tiktoken already encode "
                       "each batch on every core; more processes help where Python-side work "
                       "limits, e.g. many cores)")
+  p.add_argument("--shard_tokens", type=int, default=SHARD_TOKENS,
+                 help="tokens per output shard file (default 2^27: 256 MB of uint16 ids)")
   p.add_argument("--shakespeare", action="store_true",
                  help="fetch + prepare the built-in corpus into the cache instead")
   p.add_argument("--cache_dir", default=defaults.cache_dir)
@@ -66,11 +70,12 @@ def main(argv: list[str] | None = None) -> int:
     meta = prepare_files(args.input, args.output, tokenizer=args.tokenizer,
                          tokenizer_file=args.tokenizer_file or args.tiktoken_file or None,
                          tiktoken_encoding=args.tiktoken_encoding, workers=args.workers,
+                         shard_tokens=args.shard_tokens,
                          bpe_vocab_size=args.bpe_vocab_size, val_fraction=args.val_fraction,
                          text_field=args.text_field, force=args.force)
     out = args.output
-  summary = {s: {k: v for k, v in meta["splits"][s].items() if k != "document_names"}
-             for s in meta["splits"]}
+  summary = {s: {k: (len(v) if k == "shards" else v) for k, v in meta["splits"][s].items()
+                 if k != "document_names"} for s in meta["splits"]}
   print(json.dumps(dict(output=str(out), tokenizer=meta["tokenizer"], dtype=meta["dtype"],
                         split_mode=meta["split_mode"], splits=summary,
                         unigram_entropy_nats=round(meta["unigram_entropy_nats"], 4),

@@ -32,7 +32,10 @@ import dataclasses
 
 from diff_transformer.config import VARIANTS, base_config, ffn_width
 
-VOCAB = 100_288  # the papers' tokenizer size (cl100k-based)
+VOCAB = 100_288  # the papers' tokenizer size: cl100k_base's 100,277 ids rounded up to 64
+# A run pads its tokenizer's ids to this multiple (model.vocab_multiple): VOCAB is then only the
+# shape of data-free uses (aot_compile.py, parameter counts); 64 reproduces the papers' count.
+VOCAB_MULTIPLE = 128
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +88,7 @@ def get_config(preset: str = "diff-830m"):
   c = base_config()
   m = c.model
   m.variant, m.vocab_size, m.tie_embeddings = variant, VOCAB, False
+  m.vocab_multiple = VOCAB_MULTIPLE  # a run's rows: its tokenizer's ids, padded
   row = DIFF_ROWS[size]
   if variant == "shared_diff":
     d_model, layers, heads, rank = SHARED_ROWS[size]

@@ -29,6 +29,9 @@ def model_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.variant = "diff"
   c.vocab_size = 8192
+  # > 0: a run sets vocab_size to its tokenizer's ids rounded up to this multiple (the paper
+  # presets: 128); the padded rows are recorded (tokenizer_record.json) and never in the data.
+  c.vocab_multiple = 0
   c.d_model = 256
   c.num_layers = 4
   # Output heads. transformer: attention heads; diff/shared_diff: differential heads h (each has
@@ -153,6 +156,9 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
                "max_seq_len"):
     if m[name] is None or m[name] <= 0:
       _fail(f"model.{name}", f"must be a positive integer, got {m[name]}")
+  if m.vocab_multiple is None or m.vocab_multiple < 0:
+    _fail("model.vocab_multiple", f"must be >= 0 (0 = vocab_size as given), got "
+          f"{m.vocab_multiple}")
   kv = num_kv_heads(m)
   if kv <= 0:
     _fail("model.num_kv_heads", f"must be a positive integer, got {kv}")

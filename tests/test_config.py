@@ -28,6 +28,7 @@ def cfg(**model):
     (dict(d_model=0), "model.d_model", "positive"),
     (dict(num_layers=-1), "model.num_layers", "positive"),
     (dict(vocab_size=0), "model.vocab_size", "positive"),
+    (dict(vocab_multiple=-128), "model.vocab_multiple", "must be >= 0"),
 ])
 def test_bad_model_configs(overrides, field, words):
   with pytest.raises(ConfigError) as e:
@@ -59,6 +60,6 @@ def test_mistyped_key_in_python_and_on_the_command_line():
 def test_every_preset_validates_and_names_its_source():
   for name in scaling.preset_names():
     c = validate(scaling.get_config(name))
-    assert c.source
+    assert c.source and c.model.vocab_multiple == 128  # a run pads its tokenizer's ids
   with pytest.raises(ValueError, match="unknown preset"):
     scaling.get_config("diff-9b")

@@ -96,3 +96,24 @@ def test_top_k_sampling_with_the_cache_draws_from_the_top_k(fns):
   top3 = np.argsort(np.asarray(fns.logits(full)), axis=-1)[..., -3:]
   for i, (p, g) in enumerate(zip(prompts, a)):
     assert all(tok in top3[i, len(p) - 1 + t] for t, tok in enumerate(g))
+
+
+def test_top_p_keeps_the_nucleus_and_num_ids_masks_padded_rows():
+  logits_BV = jax.numpy.asarray([[2.0, 1.0, 0.0, -1.0, 3.0]])  # p ~ .23 .09 .03 .01 .64
+  keys = jax.random.split(jax.random.key(0), 400)
+  picks = {int(decoding._pick(logits_BV, k, 1.0, 0, top_p=0.85)[0]) for k in keys}
+  assert picks == {4, 0}  # mass before id 0 is .64 < .85; before id 1 it is .87
+  assert {int(decoding._pick(logits_BV, k, 1.0, 0, top_p=0.5)[0]) for k in keys[:50]} == {4}
+  assert len({int(decoding._pick(logits_BV, k, 1.0, 0)[0]) for k in keys}) == 5
+  with pytest.raises(common.EvalError, match="top_p must be in"):
+    decoding.generate(None, [[1]], 1, top_p=0.0)
+
+
+def test_generation_never_picks_padded_vocab_rows(fns):
+  prompts = [[3, 1, 4, 1, 5], [2, 7, 1, 8, 2, 8, 1, 8]]
+  greedy = decoding.generate(fns, prompts, 6)
+  allowed = max(max(g) for g in greedy)  # ids from it on play the tokenizer's padding
+  masked = decoding.generate(fns, prompts, 6, num_ids=allowed)
+  assert max(max(g) for g in masked) < allowed and masked != greedy
+  sampled = decoding.generate(fns, prompts, 6, temperature=2.0, seed=1, num_ids=10)
+  assert max(max(g) for g in sampled) < 10

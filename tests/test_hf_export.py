@@ -62,6 +62,7 @@ def test_logits_and_greedy_generation_match(exported):
   import jax.numpy as jnp
   import torch
   import transformers
+  from diff_transformer.data.tokenizer import ByteTokenizer
   from diff_transformer.evaluation import decoding
   from diff_transformer.evaluation.common import Fns
   (variant, _, tie, _), workdir, out = exported
@@ -84,8 +85,8 @@ def test_logits_and_greedy_generation_match(exported):
   with torch.no_grad():
     hf_out = hf.generate(torch.from_numpy(prompts), max_new_tokens=32, do_sample=False,
                          min_new_tokens=32)[:, prompts.shape[1]:].numpy()
-  mine = decoding.generate(Fns(ours), prompts.tolist(), 32)
-  assert hf_out.tolist() == mine
+  mine = decoding.generate(Fns(ours), prompts.tolist(), 32, num_ids=ByteTokenizer.vocab_size)
+  assert hf_out.tolist() == mine  # neither picks the padded rows 257..263
 
 
 def test_tokenizer_and_generation_config(exported):
@@ -98,6 +99,8 @@ def test_tokenizer_and_generation_config(exported):
   assert tok.decode(tok(text)["input_ids"]) == text
   gen = transformers.GenerationConfig.from_pretrained(out)
   assert gen.eos_token_id == ByteTokenizer.eot_id == tok.eos_token_id
+  padded = list(range(ByteTokenizer.vocab_size, hf_runs.VOCAB))  # rows no byte id reaches
+  assert gen.suppress_tokens == padded and len(padded) == 7
 
 
 @pytest.mark.parametrize("field,value,needle", [
@@ -149,9 +152,10 @@ def test_users_tokenizer_file_is_exported(tmp_path):
   import transformers
   from diff_transformer.data import describe
   from diff_transformer.data.tokenizer import FileTokenizer
+  from diff_transformer.interop import InteropError
   from diff_transformer.interop.export import export_run
   from tests.test_tokenizer_file import _user_tokenizer
-  workdir = hf_runs.make_run(tmp_path / "run", hf_runs.run_config("diff"))
+  workdir = hf_runs.make_run(tmp_path / "run", hf_runs.run_config("diff", vocab_size=384))
   user = _user_tokenizer(workdir / "tokenizer.json", ["the king and the sea, a letter"] * 20)
   tok = FileTokenizer.from_file(user)
   (workdir / "tokenizer_record.json").write_text(json.dumps(describe(tok)))
@@ -160,3 +164,8 @@ def test_users_tokenizer_file_is_exported(tmp_path):
   text = "the sea king wrote a letter"
   assert hf_tok(text)["input_ids"] == tok.encode(text)
   assert hf_tok.eos_token == "</s>" and hf_tok.eos_token_id == tok.eot_id
+  # A tokenizer with more ids than the model has rows cannot come from a run: refused.
+  hf_runs.make_run(tmp_path / "small", hf_runs.run_config("diff"))
+  (tmp_path / "small" / "tokenizer_record.json").write_text(json.dumps(describe(tok)))
+  with pytest.raises(InteropError, match=r"277 ids exceed model.vocab_size 264"):
+    export_run(tmp_path / "small", tmp_path / "hf2")

@@ -158,3 +158,29 @@ def test_scores_on_several_devices_match_one(run_and_export, tmp_path):
   assert r.returncode == 0, r.stderr[-2000:]
   two = json.loads(r.stdout.strip().splitlines()[-1])
   assert np.allclose(one, two, atol=1e-4, rtol=0)
+
+
+def test_generate_until_samples_reproducibly_from_gen_kwargs(run_and_export):
+  """Greedy unless gen_kwargs say do_sample (as lm-eval's hf model); sampled text is the same
+  for the same seed and changes with it; a nucleus of one id is greedy again."""
+  from lm_eval.api.instance import Instance
+  from diff_transformer.evaluation.common import EvalError
+  from diff_transformer.lm_eval.model import DiffTransformerLM
+  _, workdir, _ = run_and_export
+  prompts = ["the king", "a letter to the sea", "ghost castle"]
+
+  def gen(lm, **kwargs) -> list[str]:
+    args = dict(until=["\n\n"], max_gen_toks=16, **kwargs)
+    return lm.generate_until([Instance("generate_until", {}, (p, args), i)
+                              for i, p in enumerate(prompts)], True)
+  lm = DiffTransformerLM(workdir=str(workdir), batch_size=4, seed=7)
+  greedy = gen(lm)
+  assert gen(lm, temperature=0.9) == greedy == gen(lm, do_sample=True, temperature=0.0)
+  assert gen(lm, do_sample=True, top_p=1e-6) == greedy
+  sampled = gen(lm, do_sample=True, temperature=1.0, top_p=0.95)
+  assert sampled != greedy
+  assert gen(lm, do_sample="true", temperature=1.0, top_p=0.95) == sampled
+  other = DiffTransformerLM(workdir=str(workdir), batch_size=4, seed=8)
+  assert gen(other, do_sample=True, temperature=1.0, top_p=0.95) != sampled
+  with pytest.raises(EvalError, match="generation_kwargs: temperature >= 0"):
+    gen(lm, do_sample=True, top_p=0)

@@ -9,9 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from diff_transformer.data import DataError, prepare_files
+from diff_transformer.data import DataError, prepare_files, read_metadata
 from diff_transformer.data.tokenizer import FileTokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,7 +73,9 @@ def test_changed_tokenizer_file_is_refused_on_resume(prepared, tmp_path):
   import shutil
   shutil.copytree(tmp / "data", data)
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
-  flags = tiny_flags(data, **{"data.tokenizer": "file", "model.vocab_size": 384,
+  # The presets' padding: model.vocab_size (tiny_flags' value) gives way to the 300 ids
+  # rounded up to 128.
+  flags = tiny_flags(data, **{"data.tokenizer": "file", "model.vocab_multiple": 128,
                               "train.steps": 2, "train.eval_every": 2})
   train = lambda *extra: subprocess.run(
       [sys.executable, str(ROOT / "train.py"), f"--workdir={tmp_path / 'run'}", *flags, *extra],
@@ -80,7 +83,14 @@ def test_changed_tokenizer_file_is_refused_on_resume(prepared, tmp_path):
   first = train()
   assert first.returncode == 0, first.stderr[-2000:]
   record = json.loads((tmp_path / "run" / "tokenizer_record.json").read_text())
-  assert record["name"] == "file" and record["vocab_padding"] == 384 - record["vocab_size"]
+  assert record["name"] == "file" and record["vocab_size"] == 300
+  assert record["vocab_padding"] == 84
+  config = json.loads((tmp_path / "run" / "config.json").read_text())
+  assert config["model"]["vocab_size"] == 384 and config["model"]["vocab_multiple"] == 128
+  meta = read_metadata(data)
+  for split in ("train", "val"):  # the padded ids 300..383 never occur in the data
+    for shard in meta["splits"][split]["shards"]:
+      assert np.fromfile(data / shard["file"], meta["dtype"]).max() < 300
   assert (tmp_path / "run" / "tokenizer.json").read_bytes() == (data / "tokenizer.json").read_bytes()
   tok = Tokenizer.from_file(str(data / "tokenizer.json"))
   tok.add_tokens(["castle-of-the-king"])
@@ -134,5 +144,50 @@ def test_parallel_tokenization_writes_the_same_files(prepared, tmp_path):
   meta = prepare_files([tmp / "corpus"], tmp_path / "two", tokenizer="file", tokenizer_file=user,
                        progress=False, workers=2)
   assert meta["tokenize"]["processes"] == 2 and meta["tokenize"]["tokens_per_s"] > 0
-  for name in ("train.bin", "val.bin", "train.idx.npy", "val.idx.npy", "tokenizer.json"):
+  for name in ("train-00000.bin", "val-00000.bin", "train-00000.idx.npy", "val-00000.idx.npy",
+               "tokenizer.json"):
     assert (tmp_path / "two" / name).read_bytes() == (tmp / "data" / name).read_bytes(), name
+
+
+def test_tiktoken_run_exports_tokenizer_files_that_encode_alike(prepared, tmp_path):
+  """export.py of a tiktoken run: AutoTokenizer gives the run's ids (special-token text as plain
+  text, cl100k's possessive digit groups too), and generation suppresses every id without a
+  token (the id space's gaps and the padded rows)."""
+  for module in ("tiktoken", "transformers", "torch"):
+    pytest.importorskip(module)
+  import shutil
+  import transformers
+  from diff_transformer.data import describe
+  from diff_transformer.data.tiktoken_file import TIKTOKEN_FILE, TiktokenTokenizer
+  from diff_transformer.interop import InteropError
+  from diff_transformer.interop.export import export_run
+  from diff_transformer.interop.hf_tokenizer import _onig_pattern, hf_tokenizer
+  from tests import hf_runs
+  tmp, _, _ = prepared
+  text = "".join(p.read_text() for p in sorted((tmp / "corpus").iterdir())[:2])
+  ranks = _tiktoken_file(tmp_path / "r50k_base.tiktoken", text + ",12345678" * 300)
+  workdir = hf_runs.make_run(tmp_path / "run", hf_runs.run_config("transformer", vocab_size=50304))
+  shutil.copyfile(ranks, workdir / TIKTOKEN_FILE)
+  ours = TiktokenTokenizer(workdir / TIKTOKEN_FILE, "r50k_base")
+  (workdir / "tokenizer_record.json").write_text(json.dumps(describe(ours)))
+  export_run(workdir, tmp_path / "hf")
+  theirs = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+  samples = [text[:3000], "The king's ghost, at sea: \u00e9t\u00e9 \U0001f642 <|endoftext|>\n",
+             "  12345678  don't\n\n\tx \x00\u4e2d\u6587  ", "a<|endoftext|>b 3.14159\r\n",
+             "12345678,1234567812345678"]
+  for sample in samples:
+    ids = theirs(sample, add_special_tokens=False)["input_ids"]
+    assert ids == ours.encode(sample) and theirs.decode(ids) == sample
+  assert theirs.eos_token_id == ours.eot_id == 50256
+  used = set(theirs.get_vocab().values())
+  gen = transformers.GenerationConfig.from_pretrained(tmp_path / "hf")
+  assert gen.suppress_tokens == sorted(set(range(50304)) - used) and len(used) == 271
+  # cl100k's `\p{N}{1,3}+` (possessive in tiktoken, not in tokenizers' regex) splits digits alike.
+  cl100k = TiktokenTokenizer(ranks, "cl100k_base")
+  shutil.copyfile(ranks, tmp_path / TIKTOKEN_FILE)
+  converted = hf_tokenizer(describe(cl100k), tmp_path)
+  for sample in samples:
+    assert converted(sample, add_special_tokens=False)["input_ids"] == cl100k.encode(sample)
+  with pytest.raises(InteropError, match="possessive counted repeat") as e:
+    _onig_pattern(r"\p{N}{1,3}+\p{L}|\s", "made_up")
+  assert "\n" not in str(e.value)

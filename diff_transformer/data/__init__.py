@@ -14,6 +14,7 @@ Public entry points:
   heldout_documents(dataset) -> list[str]       the validation documents as text
   unigram_entropy(dataset) -> float             unigram baseline loss (nats/token), train split
   build_tokenizer(data_config, directory=None, train_texts=None) -> Tokenizer
+  padded_vocab_size(ids, multiple) -> int       model rows for a tokenizer (model.vocab_multiple)
   describe(tokenizer) -> dict; assert_compatible(recorded: dict, current: Tokenizer)
       record a tokenizer in a checkpoint; raise DataError (one line) if the data's differs.
   prepare_files(inputs, output, *, tokenizer, bpe_vocab_size, val_fraction, text_field, force)
@@ -29,12 +30,14 @@ from diff_transformer.data.dataset import Dataset, heldout_documents, load_datas
 from diff_transformer.data.pipeline import FIELDS, train_iterator, validation_batches
 from diff_transformer.data.prepare import prepare_documents, prepare_files, read_metadata
 from diff_transformer.data.tokenizer import (BPETokenizer, ByteTokenizer, Tokenizer,
-                                             assert_compatible, build_tokenizer, describe)
+                                             assert_compatible, build_tokenizer, describe,
+                                             padded_vocab_size)
 
 __all__ = [
     "BPETokenizer", "ByteTokenizer", "DataError", "Dataset", "FIELDS", "Tokenizer",
     "assert_compatible", "build_tokenizer", "cache_root", "describe", "fetch_shakespeare",
-    "heldout_documents", "load_dataset", "prepare_documents", "prepare_files", "read_metadata",
+    "heldout_documents", "load_dataset", "padded_vocab_size", "prepare_documents",
+    "prepare_files", "read_metadata",
     "shakespeare_documents", "strip_gutenberg", "train_iterator", "unigram_entropy",
     "validation_batches",
 ]

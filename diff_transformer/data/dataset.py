@@ -11,6 +11,7 @@ import numpy as np
 from diff_transformer.data import corpus, synthetic
 from diff_transformer.data.common import DataError, cache_root
 from diff_transformer.data.prepare import SPLITS, prepare_documents, read_metadata
+from diff_transformer.data.shards import split_shards
 from diff_transformer.data.tokenizer import Tokenizer, check_name, load_tokenizer
 
 DATASETS = ("shakespeare", "prepared") + synthetic.TASKS
@@ -37,18 +38,25 @@ class Dataset(_TokenizerFields):
   metadata: dict
   seq_len: int
 
-  def tokens(self, split: str) -> np.ndarray:
-    """The split's whole token stream, memory-mapped (eot d0 eot d1 ... eot)."""
-    return _memmap(self.path / self.metadata["splits"][split]["file"], self.metadata["dtype"])
+  def shards(self, split: str) -> list[dict]:
+    """The split's shards: [{file, index, documents, stream_tokens}] (shards.py)."""
+    return split_shards(self.metadata["splits"][split])
 
-  def offsets(self, split: str) -> np.ndarray:
-    """int64 positions of the eot ids framing the split's documents (num_documents + 1)."""
-    return np.load(self.path / self.metadata["splits"][split]["index"])
+  def shard_tokens(self, split: str, shard: int) -> np.ndarray:
+    """One shard's whole token stream, memory-mapped (eot d0 eot d1 ... eot)."""
+    return _memmap(self.path / self.shards(split)[shard]["file"], self.metadata["dtype"])
+
+  def shard_offsets(self, split: str, shard: int) -> np.ndarray:
+    """int64 positions of the eot ids framing one shard's documents (its documents + 1)."""
+    return np.load(self.path / self.shards(split)[shard]["index"])
 
   def document_tokens(self, split: str) -> list[np.ndarray]:
-    """Each document's tokens without the eot framing."""
-    toks, off = self.tokens(split), self.offsets(split)
-    return [np.asarray(toks[a + 1:b], np.int32) for a, b in zip(off[:-1], off[1:])]
+    """Each document's tokens without the eot framing, shard after shard."""
+    docs = []
+    for k in range(len(self.shards(split))):
+      toks, off = self.shard_tokens(split, k), self.shard_offsets(split, k)
+      docs += [np.asarray(toks[a + 1:b], np.int32) for a, b in zip(off[:-1], off[1:])]
+    return docs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,10 +139,11 @@ def load_dataset(data_config: ml_collections.ConfigDict, *, seq_len: int | None 
   if seq_len <= 0:
     raise DataError(f"data.seq_len: must be positive, got {seq_len}")
   for split in SPLITS:
-    n = meta["splits"][split]["stream_tokens"] * np.dtype(meta["dtype"]).itemsize
-    file = path / meta["splits"][split]["file"]
-    if not file.is_file() or file.stat().st_size != n:
-      raise DataError(f"{file}: missing or not {n} bytes as metadata.json says; prepare again")
+    for shard in split_shards(meta["splits"][split]):
+      n = shard["stream_tokens"] * np.dtype(meta["dtype"]).itemsize
+      file = path / shard["file"]
+      if not file.is_file() or file.stat().st_size != n:
+        raise DataError(f"{file}: missing or not {n} bytes as metadata.json says; prepare again")
   return Dataset(path=path, tokenizer=tok, metadata=meta, seq_len=seq_len)
 
 

@@ -64,13 +64,18 @@ def chunk_table(offsets: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarr
 
 
 class ChunkSource(Sequence):
-  """Random access to one split's chunks as {"inputs", "targets"} (a grain data source)."""
+  """Random access to one split's chunks (over all its shards) as {"inputs", "targets"} (a grain
+  data source)."""
 
   def __init__(self, dataset: Dataset, split: str) -> None:
-    meta = dataset.metadata["splits"][split]
-    self._file = Path(dataset.path) / meta["file"]
+    shards = dataset.shards(split)
+    self._files = [Path(dataset.path) / sh["file"] for sh in shards]
     self._dtype = np.dtype(dataset.metadata["dtype"])
-    self.starts, self.lengths = chunk_table(dataset.offsets(split), dataset.seq_len)
+    tables = [chunk_table(dataset.shard_offsets(split, k), dataset.seq_len)
+              for k in range(len(shards))]
+    self.shard = np.concatenate([np.full(len(t[0]), k, np.int32) for k, t in enumerate(tables)])
+    self.starts = np.concatenate([t[0] for t in tables])
+    self.lengths = np.concatenate([t[1] for t in tables])
     self._tokens = None
 
   def __len__(self) -> int:
@@ -78,9 +83,9 @@ class ChunkSource(Sequence):
 
   def __getitem__(self, i: int) -> dict[str, np.ndarray]:
     if self._tokens is None:  # opened lazily so the source pickles into worker processes
-      self._tokens = np.memmap(self._file, dtype=self._dtype, mode="r")
+      self._tokens = [np.memmap(f, dtype=self._dtype, mode="r") for f in self._files]
     s, n = int(self.starts[i]), int(self.lengths[i])
-    window = np.asarray(self._tokens[s:s + n + 1], np.int32)
+    window = np.asarray(self._tokens[self.shard[i]][s:s + n + 1], np.int32)
     return {"inputs": window[:-1], "targets": window[1:]}
 
   def __getstate__(self) -> dict:

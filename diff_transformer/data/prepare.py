@@ -1,21 +1,26 @@
 """Text -> tokenized train/validation shards + metadata.json (used by prepare_data.py and the
 built-in corpus alike).
 
-On-disk format (one directory):
-  train.bin, val.bin      flat little-endian token streams, uint16 (vocab <= 65536) else uint32:
-                          eot d0 eot d1 eot ... eot  (every document framed by end-of-text ids)
-  train.idx.npy, val.idx.npy  int64 offsets of those eot ids (num_documents + 1 entries); document
-                          i's training pairs are inputs stream[o_i:o_{i+1}], targets shifted by 1
+On-disk format (one directory; shards.py has the shard layout):
+  train-NNNNN.bin, val-NNNNN.bin   token shards: flat little-endian streams, uint16 (vocab <=
+                          65536) else uint32, each  eot d0 eot d1 eot ... eot  (whole documents
+                          framed by end-of-text ids)
+  train-NNNNN.idx.npy, ...  int64 offsets of each shard's eot ids (its documents + 1 entries);
+                          document i's training pairs are inputs stream[o_i:o_{i+1}], targets
+                          shifted by 1
   tokenizer.json          the BPE (absent for the byte tokenizer)
-  metadata.json           vocab size, dtype, tokenizer name + checksum, eot id, counts per split
+  metadata.json           vocab size, dtype, tokenizer name + checksum, eot id, shards and counts
+                          per split
 Why flat token files and not ArrayRecord: the pipeline needs O(1) random access to arbitrary
 seq_len-sized slices of documents for any seq_len chosen at train time; a memory-mapped flat
 array gives that with zero copies and no per-record decoding, and the offsets index keeps the
-document boundaries that ArrayRecord's records would otherwise encode.
+document boundaries that ArrayRecord's records would otherwise encode. Shards keep files to a
+size that copies, checksums and object stores handle well.
 """
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import multiprocessing
 import os
@@ -29,11 +34,13 @@ import numpy as np
 from tqdm import tqdm
 
 from diff_transformer.data.common import DataError, atomic_dir, jsonl_records, read_utf8
+from diff_transformer.data.shards import SHARD_TOKENS, ShardWriter
 from diff_transformer.data.tokenizer import (TOKENIZER_FILE, FileTokenizer, Tokenizer,
                                              build_tokenizer, check_name, describe)
 from diff_transformer.errors import read_json
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: sharded splits; 1 (one file per split) is still read
+FORMATS = (1, 2)
 METADATA = "metadata.json"
 SPLITS = ("train", "val")
 _ENCODE_BATCH = 64
@@ -154,13 +161,19 @@ def prepare_documents(documents: Documents, output: str | Path, *, tokenizer: st
                       bpe_vocab_size: int = 8192, val_fraction: float = 0.05,
                       sources: Sequence[str] = (), force: bool = False,
                       progress: bool = True, tokenizer_file: str | Path | None = None,
-                      tiktoken_encoding: str = "", workers: int = 1) -> dict:
+                      tiktoken_encoding: str = "", workers: int = 1,
+                      shard_tokens: int = SHARD_TOKENS) -> dict:
   """Tokenizes `documents` into `output` (published atomically); returns the metadata.
 
   tokenizer="file" uses the `tokenizers` file `tokenizer_file`; tokenizer="tiktoken" the local
   .tiktoken file `tokenizer_file` as encoding `tiktoken_encoding` (default: the file's stem).
-  Either is copied into `output`. `workers` > 1 encodes in that many processes (same output)."""
+  Either is copied into `output`. `workers` > 1 encodes in that many processes (same output);
+  a shard closes once it holds `shard_tokens` tokens."""
   check_name(tokenizer)
+  if workers < 1:
+    raise DataError(f"--workers: must be >= 1, got {workers}")
+  if shard_tokens < 2:
+    raise DataError(f"--shard_tokens: must be >= 2, got {shard_tokens}")
   if (tokenizer in ("file", "tiktoken")) != (tokenizer_file is not None):
     raise DataError("--tokenizer_file/--tiktoken_file: give a file exactly when the tokenizer is "
                     "'file' or 'tiktoken'")
@@ -199,7 +212,8 @@ def prepare_documents(documents: Documents, output: str | Path, *, tokenizer: st
       (tmp / "tiktoken.json").write_text(json.dumps(dict(encoding=tiktoken_encoding)) + "\n")
     tok = build_tokenizer(ml_collections.ConfigDict(
         dict(tokenizer=tokenizer, bpe_vocab_size=bpe_vocab_size)), tmp, train_texts)
-    meta = _write_splits(documents, plan, val_fraction, tok, tmp, len(sizes), progress, workers)
+    meta = _write_splits(documents, plan, val_fraction, tok, tmp, len(sizes), progress, workers,
+                         shard_tokens)
     meta.update(format=FORMAT_VERSION, split_mode=plan["mode"], val_fraction=val_fraction,
                 requested_bpe_vocab_size=bpe_vocab_size if tokenizer == "bpe" else None,
                 sources=list(sources))
@@ -208,74 +222,84 @@ def prepare_documents(documents: Documents, output: str | Path, *, tokenizer: st
 
 
 # ---- parallel encoding: each worker process loads the tokenizer from the output directory
-_worker_tok: Tokenizer | None = None
+_worker: tuple[Tokenizer, np.dtype] | None = None
 
 
-def _init_worker(name: str, directory: str) -> None:
-  global _worker_tok
+def _init_worker(name: str, directory: str, dtype: str) -> None:
+  global _worker
   os.environ["RAYON_NUM_THREADS"] = "1"  # one core per process (tokenizers' own thread pool)
-  _worker_tok = build_tokenizer(ml_collections.ConfigDict(dict(tokenizer=name, bpe_vocab_size=0)),
-                                directory)
+  _worker = (build_tokenizer(ml_collections.ConfigDict(dict(tokenizer=name, bpe_vocab_size=0)),
+                             directory), np.dtype(dtype))
 
 
-def _encode_in_worker(batch: list) -> tuple[list, list[list[int]]]:
-  return [b[:3] for b in batch], _worker_tok.encode_batch([b[3] for b in batch])
+def _encode(tok: Tokenizer, dtype: np.dtype, batch: list) -> tuple[list, np.ndarray, np.ndarray]:
+  """(keys, concatenated ids, lengths [N]) of a batch of (index, split, name, text): workers
+  send one array per batch back, not a Python int per token."""
+  ids = tok.encode_batch([b[3] for b in batch])
+  lengths_N = np.fromiter(map(len, ids), np.int64, len(ids))
+  flat = np.fromiter(itertools.chain.from_iterable(ids), dtype, int(lengths_N.sum()))
+  return [b[:3] for b in batch], flat, lengths_N
 
 
-def _encoded(stream: Iterable, tok: Tokenizer, directory: Path, workers: int
-             ) -> Iterator[tuple[list, list[list[int]]]]:
-  """(batch keys, token ids) per batch of documents, in input order, over `workers` processes."""
+def _encode_in_worker(batch: list) -> tuple[list, np.ndarray, np.ndarray]:
+  return _encode(*_worker, batch)
+
+
+def _encoded(stream: Iterable, tok: Tokenizer, dtype: np.dtype, directory: Path, workers: int
+             ) -> Iterator[tuple[list, np.ndarray, np.ndarray]]:
+  """_encode of each batch of documents, in input order, over `workers` processes."""
   if workers <= 1:
     for batch in _batched(stream, _ENCODE_BATCH):
-      yield [b[:3] for b in batch], tok.encode_batch([b[3] for b in batch])
+      yield _encode(tok, dtype, batch)
     return
   # spawn: the parent may hold JAX/XLA threads, which fork must not copy.
   ctx = multiprocessing.get_context("spawn")
-  with ctx.Pool(workers, _init_worker, (tok.name, str(directory))) as pool:
+  with ctx.Pool(workers, _init_worker, (tok.name, str(directory), dtype.str)) as pool:
     yield from pool.imap(_encode_in_worker, _batched(stream, _ENCODE_BATCH), chunksize=4)
 
 
 def _write_splits(documents: Documents, plan: dict, val_fraction: float, tok: Tokenizer,
-                  out: Path, num_docs: int, progress: bool, workers: int = 1) -> dict:
-  """Pass 3: encode every document into its split's stream; counts and unigram statistics."""
+                  out: Path, num_docs: int, progress: bool, workers: int = 1,
+                  shard_tokens: int = SHARD_TOKENS) -> dict:
+  """Pass 3: encode every document into its split's shards; counts and unigram statistics."""
   dtype = _token_dtype(tok.vocab_size)
-  files = {s: open(out / f"{s}.bin", "wb") for s in SPLITS}
-  offsets = {s: [0] for s in SPLITS}
+  writers = {s: ShardWriter(out, s, dtype, tok.eot_id, shard_tokens) for s in SPLITS}
   names: dict[str, list[str]] = {s: [] for s in SPLITS}
-  eot = np.array([tok.eot_id], dtype)
   try:
-    for f in files.values():
-      f.write(eot.tobytes())
     stream = split_documents(documents, plan, val_fraction)
     bar = tqdm(total=num_docs, desc=f"tokenize ({tok.name}, {max(workers, 1)} processes)",
                unit="doc", disable=not progress)
     done, total_tokens, start = -1, 0, time.perf_counter()
-    for keys, encoded in _encoded(stream, tok, out, workers):
-      for (i, split, name), ids in zip(keys, encoded):
-        arr = np.asarray(ids + [tok.eot_id], dtype)
-        files[split].write(arr.tobytes())
-        offsets[split].append(offsets[split][-1] + len(arr))
+    for keys, flat, lengths_N in _encoded(stream, tok, dtype, out, workers):
+      ends = np.cumsum(lengths_N)
+      for (i, split, name), a, b in zip(keys, ends - lengths_N, ends):
+        writers[split].add(flat[a:b])
         names[split].append(name)
-        total_tokens += len(ids)
         bar.update(i - done)
         done = i
+      total_tokens += int(ends[-1]) if len(ends) else 0
       bar.set_postfix(tokens_per_s=f"{total_tokens / max(time.perf_counter() - start, 1e-9):.3g}",
                       refresh=False)
     bar.close()
     seconds = time.perf_counter() - start
+    shards = {s: writers[s].finish() for s in SPLITS}
   finally:
-    for f in files.values():
-      f.close()
+    for w in writers.values():
+      w.abort()
   for s in SPLITS:
-    if len(offsets[s]) < 2:
+    if not names[s]:
       raise DataError(f"too little text to hold out a {s} split (val_fraction={val_fraction})")
-    np.save(out / f"{s}.idx.npy", np.asarray(offsets[s], np.int64))
-  # Unigram statistics of the training targets: every token and each document's final eot.
-  counts = np.bincount(np.memmap(out / "train.bin", dtype, mode="r")[1:], minlength=tok.vocab_size)
+  # Unigram statistics of the training targets: every token and each document's final eot
+  # (each shard's opening eot is no target).
+  counts = sum(np.bincount(np.memmap(out / sh["file"], dtype, mode="r")[1:],
+                           minlength=tok.vocab_size) for sh in shards["train"])
   p = counts[counts > 0] / counts.sum()
-  splits = {s: dict(file=f"{s}.bin", index=f"{s}.idx.npy", documents=len(names[s]),
-                    tokens=int(offsets[s][-1] - len(names[s])),  # without the eot framing
-                    stream_tokens=int(offsets[s][-1] + 1)) for s in SPLITS}
+  splits = {}
+  for s in SPLITS:
+    stream = sum(sh["stream_tokens"] for sh in shards[s])
+    splits[s] = dict(shards=shards[s], documents=len(names[s]),
+                     tokens=int(stream - len(names[s]) - len(shards[s])),  # without eot framing
+                     stream_tokens=int(stream))
   splits["val"]["document_names"] = names["val"]  # small; which text is held out
   return dict(tokenizer=describe(tok), vocab_size=int(tok.vocab_size), eot_id=int(tok.eot_id),
               dtype=dtype.name, splits=splits,
@@ -298,7 +322,7 @@ def read_metadata(directory: str | Path) -> dict:
     raise DataError(f"{path}: not found; write it with `python prepare_data.py --input "
                     f"FILE_OR_DIR --output {Path(directory)}`")
   meta = read_json(path, DataError)
-  if not isinstance(meta, dict) or meta.get("format") != FORMAT_VERSION:
+  if not isinstance(meta, dict) or meta.get("format") not in FORMATS:
     found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
     raise DataError(f"{path}: format {found} is not {FORMAT_VERSION}; prepare again")
   return meta

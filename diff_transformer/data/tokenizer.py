@@ -138,6 +138,11 @@ class FileTokenizer(BPETokenizer):
                       ) from None
 
 
+def padded_vocab_size(ids: int, multiple: int) -> int:
+  """Model vocabulary rows for a tokenizer of `ids` ids: rounded up to `multiple` (0: ids)."""
+  return -(-ids // multiple) * multiple if multiple > 0 else ids
+
+
 def check_name(name: str) -> None:
   if name not in TOKENIZERS:
     raise DataError(f"data.tokenizer: unknown tokenizer '{name}'; choose one of "

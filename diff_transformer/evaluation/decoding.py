@@ -1,5 +1,5 @@
-"""Decoding with the model's KV cache: greedy / temperature + top-k sampling, and constrained
-scoring of a fixed candidate set (ICL labels).
+"""Decoding with the model's KV cache: greedy / temperature + top-k / top-p sampling, and
+constrained scoring of a fixed candidate set (ICL labels).
 
 Prompts of different lengths share one batch: they are right-padded, prefilled in one call with
 their true lengths (model.decode), then extended one token per call. Shapes are bucketed (cache
@@ -40,25 +40,38 @@ def prefill(fns: Fns, prompts: list[list[int]], extra: int):
   return last, cache
 
 
-def _pick(logits_BV, key, temperature: float, top_k: int):
+def _pick(logits_BV, key, temperature: float, top_k: int, top_p: float = 1.0):
   if temperature <= 0:
     return jnp.argmax(logits_BV, axis=-1)
   logits_BV = logits_BV / temperature
   if top_k > 0:
     kth = jax.lax.top_k(logits_BV, top_k)[0][:, -1:]
     logits_BV = jnp.where(logits_BV < kth, -jnp.inf, logits_BV)
+  if top_p < 1.0:  # nucleus: the most likely ids whose mass before them is under top_p
+    sorted_BV = -jnp.sort(-logits_BV, axis=-1)
+    p_BV = jax.nn.softmax(sorted_BV, axis=-1)
+    kept_BV = jnp.cumsum(p_BV, axis=-1) - p_BV < top_p
+    floor_B1 = jnp.min(jnp.where(kept_BV, sorted_BV, jnp.inf), axis=-1, keepdims=True)
+    logits_BV = jnp.where(logits_BV < floor_B1, -jnp.inf, logits_BV)
   return jax.random.categorical(key, logits_BV, axis=-1)
 
 
 def generate(fns: Fns, prompts: list[list[int]], max_new_tokens: int, *, temperature: float = 0.0,
-             top_k: int = 0, seed: int = 0) -> list[list[int]]:
-  """max_new_tokens new tokens per prompt (greedy when temperature is 0)."""
+             top_k: int = 0, top_p: float = 1.0, seed: int = 0, num_ids: int | None = None
+             ) -> list[list[int]]:
+  """max_new_tokens new tokens per prompt (greedy when temperature is 0). `num_ids`: the
+  tokenizer's ids; the model's padded vocabulary rows beyond them are never picked."""
+  if not 0.0 < top_p <= 1.0:
+    raise EvalError(f"decoding: top_p must be in (0, 1], got {top_p}")
   logits, cache = prefill(fns, prompts, max_new_tokens)
+  padded = num_ids is not None and num_ids < logits.shape[-1]
   key = jax.random.key(seed)
   out = np.zeros((logits.shape[0], max_new_tokens), np.int32)
   for t in range(max_new_tokens):
     key, sub = jax.random.split(key)
-    out[:, t] = np.asarray(_pick(logits, sub, temperature, top_k), np.int32)
+    if padded:
+      logits = logits.at[:, num_ids:].set(-jnp.inf)
+    out[:, t] = np.asarray(_pick(logits, sub, temperature, top_k, top_p), np.int32)
     if t < max_new_tokens - 1:  # the last token needs no cache entry
       logits, cache = fns.decode(out[:, t:t + 1], cache)
       logits = logits[:, 0]

@@ -3,7 +3,9 @@
 The folder holds config.json, model.safetensors (float32), generation_config.json, tokenizer files
 and a sidecar of the tensors the HF layout folds (see weights.py); `diff_v2` exports also carry
 their modelling code (loaded with trust_remote_code=True). Anything the target class cannot hold
-exactly is refused in one line before any checkpoint is read.
+exactly is refused in one line before any checkpoint is read. A padded vocabulary keeps all its
+rows (config vocab_size = model.vocab_size); the generation config suppresses the ids the
+tokenizer has no token for.
 """
 from __future__ import annotations
 
@@ -62,12 +64,16 @@ def export_run(workdir: str | Path, out: str | Path, step: int | None = None) ->
   weights.check_exportable(spec)
   if record.get("name") not in ("byte", "bpe", "file", "tiktoken"):
     raise InteropError(f"{workdir}/tokenizer_record.json: unknown tokenizer {record.get('name')!r}")
+  if int(record.get("vocab_size", 0)) > spec.vocab_size:
+    raise InteropError(f"{workdir}/tokenizer_record.json: the tokenizer's {record['vocab_size']} "
+                       f"ids exceed model.vocab_size {spec.vocab_size}")
 
   from flax import nnx
   from safetensors.numpy import save_file
   from transformers import GenerationConfig
-  from diff_transformer.interop.hf_tokenizer import write_tokenizer
+  from diff_transformer.interop.hf_tokenizer import hf_tokenizer
   from diff_transformer.training.checkpoint import restore_model
+  tokenizer = hf_tokenizer(record, workdir)  # a tokenizer it cannot convert exactly: refused now
   model, _, step = restore_model(workdir, step=step)
   _, params, constants = nnx.split(model, nnx.Param, ...)
   flat = {k: np.asarray(v, np.float32)
@@ -82,12 +88,12 @@ def export_run(workdir: str | Path, out: str | Path, step: int | None = None) ->
   if sidecar:
     save_file({k: np.ascontiguousarray(v) for k, v in sidecar.items()},
               str(out / weights.SIDECAR), metadata={"format": "np"})
-  GenerationConfig(bos_token_id=eot, eos_token_id=eot, pad_token_id=eot).save_pretrained(str(out))
-  if record["name"] == "tiktoken":
-    print("warning: tiktoken runs are exported without tokenizer files (transformers needs "
-          "its own conversion of the encoding)", flush=True)
-  else:
-    write_tokenizer(record, workdir, out)
+  # Padded vocabulary rows (and any id the tokenizer has no token for) never come from the data;
+  # transformers' generate must not pick them either.
+  unused = sorted(set(range(spec.vocab_size)) - set(tokenizer.get_vocab().values()))
+  GenerationConfig(bos_token_id=eot, eos_token_id=eot, pad_token_id=eot,
+                   suppress_tokens=unused or None).save_pretrained(str(out))
+  tokenizer.save_pretrained(str(out))
   if spec.variant == "diff_v2":
     for name in REMOTE_FILES:
       shutil.copyfile(REMOTE_DIR / name, out / name)

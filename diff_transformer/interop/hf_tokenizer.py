@@ -2,11 +2,18 @@
 
 BPE runs ship their `tokenizers` file as it is. The byte tokenizer (ids 0-255 = UTF-8 bytes,
 256 = end-of-text) is written as an equivalent merge-free byte-level BPE, so exported byte runs
-tokenize identically in transformers.
+tokenize identically in transformers. A tiktoken run's ranks become a byte-level BPE through
+transformers' own TikTokenConverter (every pair of ranked pieces that joins into a ranked token is
+a merge, prioritised by the joined token's rank: tiktoken's merge order), with the encoding's
+special tokens at their tiktoken ids and special-token text split like plain text, as the run
+encodes it.
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
+
+from diff_transformer.interop import InteropError
 
 from diff_transformer.data.tokenizer import EOT_TOKEN, TOKENIZER_FILE, ByteTokenizer
 
@@ -37,14 +44,54 @@ def byte_tokenizer():
   return tok
 
 
-def write_tokenizer(record: dict, workdir: Path, out: Path) -> None:
-  """tokenizer.json + tokenizer_config.json for the run's recorded tokenizer."""
+def _onig_pattern(pat_str: str, encoding: str) -> str:
+  """tiktoken's split pattern in the regex dialect of `tokenizers` (Oniguruma), exactly.
+
+  Oniguruma reads `{n,m}+` as "repeat the counted group" where tiktoken's engine reads it as
+  possessive; at the end of an alternative (nothing after it to backtrack for) possessive and
+  greedy match the same, so the `+` is dropped there. Anywhere else the export is refused."""
+  counted = r"(\{\d+(?:,\d*)?\})\+"
+  pattern = re.sub(counted + r"(?=\||$)", r"\1", pat_str)
+  if re.search(counted, pattern):
+    raise InteropError(f"tiktoken encoding {encoding}: its split pattern has a possessive counted "
+                       "repeat that Hugging Face tokenizers cannot express exactly")
+  return pattern
+
+
+def tiktoken_tokenizer(record: dict, workdir: Path):
+  """A `tokenizers.Tokenizer` whose ids equal the run's tiktoken encoding for every string."""
+  from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+  from transformers.convert_slow_tokenizer import TikTokenConverter
+  from diff_transformer.data.tiktoken_file import TIKTOKEN_FILE, encoding_params, read_ranks
+  ranks = read_ranks(Path(workdir) / TIKTOKEN_FILE)
+  params = encoding_params(record["encoding"], ranks)
+  pattern = _onig_pattern(params["pat_str"], record["encoding"])
+  converter = TikTokenConverter(pattern=pattern)
+  converter.load_tiktoken_bpe = lambda _: ranks  # the run's local ranks, not a download
+  vocab, merges = converter.extract_vocab_merges_from_model(None)
+  vocab.update(params["special_tokens"])  # at tiktoken's ids (the id space may have gaps)
+  tok = Tokenizer(models.BPE(vocab, merges, fuse_unk=False, ignore_merges=True))
+  tok.pre_tokenizer = pre_tokenizers.Sequence([
+      pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
+      pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+  tok.decoder = decoders.ByteLevel()
+  tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                          for t in params["special_tokens"]])
+  return tok
+
+
+def hf_tokenizer(record: dict, workdir: Path):
+  """The run's recorded tokenizer as a transformers fast tokenizer (save_pretrained writes
+  tokenizer.json + tokenizer_config.json)."""
   from tokenizers import Tokenizer
   from transformers import PreTrainedTokenizerFast
+  split_special = False
   if record["name"] == "byte":
     tok = byte_tokenizer()
+  elif record["name"] == "tiktoken":
+    tok, split_special = tiktoken_tokenizer(record, workdir), True  # as encode_ordinary
   else:  # bpe, or a user's tokenizers file: the run's checksummed copy
     tok = Tokenizer.from_file(str(Path(workdir) / TOKENIZER_FILE))
   eot = tok.id_to_token(int(record["eot_id"])) or EOT_TOKEN
-  fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=eot, eos_token=eot)
-  fast.save_pretrained(str(out))
+  return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=eot, eos_token=eot,
+                                 split_special_tokens=split_special)

@@ -1,10 +1,12 @@
 """The `diff_transformer` lm-eval model: loglikelihood (with is_greedy), rolling loglikelihood in
 max-length windows (lm-eval's own window rule, as its HF model uses), and generate_until with the
-KV cache, stop sequences and max_gen_toks; requests are scored in batches.
+KV cache, stop sequences, max_gen_toks and seeded sampling (do_sample, temperature, top_k, top_p);
+requests are scored in batches.
 """
 from __future__ import annotations
 
 import json
+import zlib
 from pathlib import Path
 
 import jax
@@ -18,7 +20,7 @@ from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
 from diff_transformer.evaluation import decoding
-from diff_transformer.evaluation.common import Fns, pad_rows
+from diff_transformer.evaluation.common import EvalError, Fns, pad_rows
 
 LENGTH_BUCKET = 64  # rows are padded to a multiple of this (fewer compiled shapes)
 
@@ -39,7 +41,8 @@ class DiffTransformerLM(TemplateLM):
   device (parameters replicated, each scoring batch split over the devices by rows)."""
 
   def __init__(self, workdir: str, step: int | str | None = None, batch_size: int | str = 8,
-               max_gen_toks: int | str = 256, max_length: int | str | None = None, **kwargs):
+               max_gen_toks: int | str = 256, max_length: int | str | None = None,
+               seed: int | str = 0, **kwargs):
     super().__init__()
     import ml_collections
     from diff_transformer.data.tokenizer import load_tokenizer
@@ -57,6 +60,7 @@ class DiffTransformerLM(TemplateLM):
     self.tok = load_tokenizer(record, self.workdir)
     self.batch_size = int(batch_size) if str(batch_size) != "auto" else 8
     self._max_gen_toks = int(max_gen_toks)
+    self.seed = int(seed)  # of sampled generation (gen_kwargs do_sample)
     self._max_length = int(max_length) if max_length else self.spec.max_seq_len
     self._score = _score_fn(self.fns.graphdef)
 
@@ -143,8 +147,22 @@ class DiffTransformerLM(TemplateLM):
     return totals
 
   # ---- generation ---------------------------------------------------------------------------
+  def _sampling(self, gen_kwargs: dict) -> dict:
+    """decoding.generate's settings from lm-eval's gen_kwargs, as lm-eval's `hf` model reads
+    them: sampling only with do_sample true (temperature default 1.0, 0 = greedy), else greedy."""
+    do_sample = str(gen_kwargs.get("do_sample", False)).lower() in ("true", "1")
+    settings = dict(temperature=float(gen_kwargs.get("temperature", 1.0)) if do_sample else 0.0,
+                    top_k=int(gen_kwargs.get("top_k", 0)),
+                    top_p=float(gen_kwargs.get("top_p", 1.0)))
+    if settings["temperature"] < 0 or not 0.0 < settings["top_p"] <= 1.0 or settings["top_k"] < 0:
+      raise EvalError(f"generation_kwargs: temperature >= 0, top_k >= 0 and 0 < top_p <= 1 "
+                       f"required, got {settings}")
+    return settings
+
   def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-    """Greedy continuations (the KV cache), cut at the first stop sequence or end-of-text."""
+    """Continuations with the KV cache (greedy, or sampled when gen_kwargs say do_sample), cut
+    at the first stop sequence or end-of-text. Sampling is seeded by `seed` (model_args), the
+    batch and the settings, so the same requests and batch size give the same texts."""
     out: list[str] = []
     for start in tqdm(range(0, len(requests), self.batch_size), disable=disable_tqdm,
                       desc="diff_transformer generate_until"):
@@ -153,7 +171,7 @@ class DiffTransformerLM(TemplateLM):
       for j, (_, gen_kwargs) in enumerate(batch):  # one decode call per distinct setting
         by_kwargs.setdefault(json.dumps(gen_kwargs, sort_keys=True, default=str), []).append(j)
       texts: list[str | None] = [None] * len(batch)
-      for key, members in by_kwargs.items():
+      for members in by_kwargs.values():
         gen_kwargs = dict(batch[members[0]][1])
         until = gen_kwargs.get("until") or []
         until = [until] if isinstance(until, str) else list(until)
@@ -161,7 +179,10 @@ class DiffTransformerLM(TemplateLM):
         new = min(new, self.max_length - 1)
         prompts = [(self.tok_encode(batch[j][0]) or [self.eot_token_id])[-(self.max_length - new):]
                    for j in members]
-        generated = decoding.generate(self.fns, prompts, new)
+        sampling = self._sampling(gen_kwargs)
+        seed = zlib.crc32(f"{self.seed} {start} {sorted(sampling.items())}".encode())  # stable
+        generated = decoding.generate(self.fns, prompts, new, seed=seed,
+                                      num_ids=self.tok.vocab_size, **sampling)
         for j, ids in zip(members, generated):
           if self.eot_token_id in ids:
             ids = ids[:ids.index(self.eot_token_id)]

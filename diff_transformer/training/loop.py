@@ -137,6 +137,9 @@ def _train(config: ml_collections.ConfigDict, workdir: Path, lock: WorkdirLock |
   from diff_transformer import data
   t = config.train
   dataset = data.load_dataset(config.data, seq_len=config.data.seq_len)
+  if config.model.vocab_multiple:  # rows from the tokenizer (config.py); recorded as padding
+    config.model.vocab_size = data.padded_vocab_size(dataset.vocab_size,
+                                                     config.model.vocab_multiple)
   if dataset.vocab_size > config.model.vocab_size:
     raise TrainError(f"model.vocab_size: {config.model.vocab_size} is smaller than the "
                      f"{dataset.tokenizer.name} tokenizer's {dataset.vocab_size} ids")
