@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -53,7 +54,8 @@ def study(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
   return subprocess.run([sys.executable, str(ROOT / "study.py"), *args], cwd=ROOT,
                         capture_output=True, text=True, timeout=600,
                         env={"JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT),
-                             "PATH": "/usr/bin:/bin", "HOME": str(Path.home())})
+                             "PATH": "/usr/bin:/bin", "HOME": str(Path.home()),
+                             **{k: v for k, v in os.environ.items() if k.startswith("JAX_")}})
 
 
 def test_quick_study_runs_end_to_end_and_resumes(tmp_path):
