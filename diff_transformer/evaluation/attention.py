@@ -11,6 +11,7 @@ import numpy as np
 from tqdm import tqdm
 
 from diff_transformer.evaluation import common, needle
+from diff_transformer.model.attention import variant_class
 
 NORMALISATION = (
     "share(span) = sum_{s in span} M[q, s] / sum_s |M[q, s]| for the map row of the last prompt "
@@ -88,7 +89,7 @@ def run(fns: common.Fns, tokenizer, texts: list[str], settings, out_dir) -> dict
   averaged = {k: float(np.mean([t["mean"][k] for t in by_depth.values()])) for k in SPANS}
   return dict(by_depth=by_depth, averaged=averaged, needles=num_needles, length=length,
               samples_per_depth=settings.attention_samples,
-              map="A1 - lambda A2" if fns.spec.variant != "transformer" else "A",
+              map=variant_class(fns.spec.variant).map_name,
               normalisation=NORMALISATION, plots=[plot(by_depth, out_dir / "attention.png")])
 
 

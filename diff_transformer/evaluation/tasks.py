@@ -18,6 +18,7 @@ from tqdm import tqdm
 
 from diff_transformer.data import synthetic
 from diff_transformer.evaluation import attention, common
+from diff_transformer.model.attention import variant_class
 
 TASK_SPANS = ("answer", "distractors", "other_items", "noise")
 NORMALISATION = (
@@ -152,7 +153,7 @@ def run_attention(fns: common.Fns, s: synthetic.TaskSpec, settings, out_dir) -> 
                            settings.seed)
   return dict(task=s.name, by_layer=table, averaged=table["mean"],
               rows=settings.task_attention_rows,
-              map="A1 - lambda A2" if fns.spec.variant != "transformer" else "A",
+              map=variant_class(fns.spec.variant).map_name,
               normalisation=NORMALISATION)
 
 

@@ -5,6 +5,7 @@ Entry points: `train(config, workdir)` (what train.py runs) and
 """
 from diff_transformer.training.checkpoint import restore_model
 from diff_transformer.training.loop import train
-from diff_transformer.training.mesh import TrainError, initialize_distributed
+from diff_transformer.training.mesh import initialize_distributed
+from diff_transformer.errors import TrainError
 
 __all__ = ["TrainError", "initialize_distributed", "restore_model", "train"]
