@@ -1,6 +1,7 @@
 """Small, fast pieces of training: schedule, decay masks, mesh resolution and checks, FLOPs."""
 from __future__ import annotations
 
+import jax
 import ml_collections
 import pytest
 
@@ -80,3 +81,27 @@ def test_flops_count_causal_attention_maxtext_way():
   # Two maps per head: QK^T over d, AV over 2d.
   assert attention_flops_per_token(diff, 128) == 2 * 0.5 * (
       2 * 2 * 128 * 2 * 16 + 2 * 2 * 128 * 2 * 32)
+
+
+def test_unknown_logical_axis_name_is_an_error():
+  from diff_transformer.sharding import BATCH, LENGTH, logical_to_spec
+  assert logical_to_spec((BATCH, None, LENGTH)) == jax.sharding.PartitionSpec(("data", "fsdp"),
+                                                                               None, None)
+  with pytest.raises(ValueError, match="unknown logical axis name"):
+    logical_to_spec((BATCH, "bacth"))
+
+
+def test_trainer_logits_are_the_models_own():
+  import numpy as np
+  from diff_transformer.training.mesh import make_mesh
+  from diff_transformer.training.step import Trainer
+  c = base_config()
+  c.model.update(dict(variant="diff_v2", vocab_size=64, d_model=32, num_layers=1, num_heads=2,
+                      head_dim=16, ffn_dim=64, max_seq_len=16))
+  c.mesh.data = 1
+  trainer = Trainer(c, make_mesh(c.mesh))
+  state = trainer.init(seed=1)
+  tokens_BT = np.arange(24, dtype=np.int32).reshape(2, 12)
+  logits_BTV = trainer.logits(state, {"inputs": tokens_BT})
+  assert logits_BTV.shape == (2, 12, 64)
+  np.testing.assert_allclose(logits_BTV, trainer.model(state)(tokens_BT), rtol=1e-5, atol=1e-5)

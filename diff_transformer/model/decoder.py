@@ -9,10 +9,11 @@ from diff_transformer.model import cache as kv_cache
 from diff_transformer.model.attention import variant_class
 from diff_transformer.model.layers import RMSNorm, ShortConv, SwiGLU, dense
 from diff_transformer.model.spec import ModelSpec
-from diff_transformer.sharding import constrain
+from diff_transformer.sharding import (ACT_EMBED, BATCH, EMBED, LAYERS, LENGTH, VOCAB,
+                                       constrain)
 
 Array = jax.Array
-ACT = ("batch", "length", "act_embed")
+ACT = (BATCH, LENGTH, ACT_EMBED)
 
 
 class Block(nnx.Module):
@@ -68,19 +69,19 @@ def _remat_policy(name: str):
 class Decoder(nnx.Module):
   def __init__(self, spec: ModelSpec, *, rngs: nnx.Rngs):
     self.spec = spec
-    init = nnx.with_partitioning(nnx.initializers.normal(spec.init_std), ("vocab", "embed"))
+    init = nnx.with_partitioning(nnx.initializers.normal(spec.init_std), (VOCAB, EMBED))
     self.embed = nnx.Embed(spec.vocab_size, spec.d_model, dtype=spec.compute_dtype,
                            param_dtype=jnp.float32, embedding_init=init, rngs=rngs)
 
     @nnx.split_rngs(splits=spec.num_layers)
-    @nnx.vmap(in_axes=(0, 0), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
+    @nnx.vmap(in_axes=(0, 0), out_axes=0, transform_metadata={nnx.PARTITION_NAME: LAYERS})
     def make_blocks(rngs, layer_idx):
       return Block(spec, layer_idx, rngs=rngs)
 
     self.blocks = make_blocks(rngs, jnp.arange(spec.num_layers))
     self.final_norm = RMSNorm(spec.d_model)
     if not spec.tie_embeddings:
-      self.lm_head = dense(spec.d_model, spec.vocab_size, ("embed", "vocab"),
+      self.lm_head = dense(spec.d_model, spec.vocab_size, (EMBED, VOCAB),
                            dtype=spec.compute_dtype, std=spec.init_std, rngs=rngs)
 
   def __call__(self, tokens_BT: Array, positions_BT: Array | None = None,
@@ -142,4 +143,4 @@ class Decoder(nnx.Module):
       logits_BTV = self.embed.attend(x_BTD)
     else:
       logits_BTV = self.lm_head(x_BTD)
-    return constrain(logits_BTV.astype(jnp.float32), ("batch", "length", "vocab"))
+    return constrain(logits_BTV.astype(jnp.float32), (BATCH, LENGTH, VOCAB))

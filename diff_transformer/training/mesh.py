@@ -15,7 +15,7 @@ from jax.sharding import NamedSharding
 
 from diff_transformer.errors import TrainError
 from diff_transformer.model.spec import ModelSpec
-from diff_transformer.sharding import MESH_AXES, logical_to_spec
+from diff_transformer.sharding import BATCH, LENGTH, MESH_AXES, logical_to_spec
 
 
 def detect_cluster() -> str | None:
@@ -112,7 +112,7 @@ def check_parallelism(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh
 
 def batch_sharding(mesh: jax.sharding.Mesh) -> NamedSharding:
   """Rows over the data-parallel axes (the 'batch' rule), sequence replicated."""
-  return NamedSharding(mesh, logical_to_spec(("batch", "length")))
+  return NamedSharding(mesh, logical_to_spec((BATCH, LENGTH)))
 
 
 def global_batch(mesh: jax.sharding.Mesh, local_batch: dict[str, np.ndarray]

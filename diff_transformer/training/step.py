@@ -27,7 +27,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from diff_transformer.model import build_model
 from diff_transformer.model.spec import ModelSpec
 from diff_transformer.params import abstract_model
-from diff_transformer.sharding import LOGICAL_RULES, constrain, logical_to_spec
+from diff_transformer.sharding import BATCH, LENGTH, LOGICAL_RULES, constrain, logical_to_spec
 from diff_transformer.training import loss
 from diff_transformer.training.optim import learning_rate_schedule, make_optimizer
 
@@ -142,7 +142,7 @@ class Trainer:
     def split(x_BT):
       # Row j*m + i goes to micro-batch i: each device keeps its own rows (no resharding).
       x_JMT = x_BT.reshape(x_BT.shape[0] // m, m, *x_BT.shape[1:])
-      return constrain(jnp.swapaxes(x_JMT, 0, 1), (None, "batch", "length"))
+      return constrain(jnp.swapaxes(x_JMT, 0, 1), (None, BATCH, LENGTH))
 
     def body(carry, micro):
       g_acc, sums_acc = carry
