@@ -16,7 +16,6 @@ from pathlib import Path  # noqa: E402
 import ml_collections  # noqa: E402
 from absl import flags, logging  # noqa: E402
 
-from diff_transformer.errors import TrainError  # noqa: E402
 from diff_transformer.evaluation import (SUITES, EvalError, Settings, evaluate,  # noqa: E402
                                          parse_suites, report)
 from diff_transformer.training.mesh import make_mesh  # noqa: E402
@@ -72,10 +71,8 @@ def _mesh():
   sizes = _ints(FLAGS.mesh.split(","), "mesh")
   if len(sizes) != 3:
     raise EvalError(f"--mesh: expected data,fsdp,tensor, got {FLAGS.mesh}")
-  try:
-    return make_mesh(ml_collections.ConfigDict(dict(zip(("data", "fsdp", "tensor"), sizes))))
-  except TrainError as e:
-    raise EvalError(str(e)) from None
+  # A bad mesh is a TrainError: a UserError, printed as one line by cli.run like any other.
+  return make_mesh(ml_collections.ConfigDict(dict(zip(("data", "fsdp", "tensor"), sizes))))
 
 
 def main(argv):
