@@ -8,6 +8,7 @@ What the rest of the code asks of a variant is a class method here, overridden w
 differs: its head rule (`heads_for`, `query_heads`), its config checks (`check`, raising
 ConfigError), its attention FLOPs, its KV-cache layout and its training metrics (`metrics`).
 Adding a variant is its module plus one entry in the registry (model/attention/__init__.py).
+docs/semantics.md states each variant's semantics and the tensor-name legend (x_BTD, o_BTNH).
 """
 from __future__ import annotations
 
