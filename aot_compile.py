@@ -18,6 +18,10 @@ from diff_transformer import cli  # noqa: E402
 
 from absl import flags  # noqa: E402
 
+from configs import scaling  # noqa: E402
+from diff_transformer import aot  # noqa: E402
+from diff_transformer.model.attention import variant_names  # noqa: E402
+
 cli.define_config(default="configs/scaling.py:diff-830m")
 flags.DEFINE_string("topology", "v5e:2x2", "TPU topology name, e.g. v5e:2x2, v5p:4x4x4, v6e:16x16.")
 flags.DEFINE_integer("per_device_batch", 0, "Sequences per data-parallel device (0 = keep config).")
@@ -27,7 +31,6 @@ FLAGS = flags.FLAGS
 
 
 def run_one(config, topology: str, per_device_batch: int) -> dict:
-  from diff_transformer import aot
   if per_device_batch:
     config.train.global_batch_size = per_device_batch * aot.data_parallel_size_on(config, topology)
   result = aot.compile_train_step(config, topology)
@@ -43,9 +46,8 @@ def main(argv):
   config = cli.load_config()
   rows = []
   if FLAGS.all_presets:
-    from configs import scaling
     for size in scaling.NOMINAL:  # the Table 10 rows
-      for variant in scaling.VARIANTS:
+      for variant in variant_names():
         c = scaling.get_config(f"{variant}-{size}")
         c.mesh.update(config.mesh.to_dict())
         c.model.remat = config.model.remat

@@ -11,10 +11,14 @@ from diff_transformer import cli
 
 cli.default_platform()
 
+from pathlib import Path  # noqa: E402
+
+import ml_collections  # noqa: E402
 from absl import flags, logging  # noqa: E402
 
 from diff_transformer.evaluation import (SUITES, EvalError, Settings, evaluate,  # noqa: E402
-                                         parse_suites)
+                                         parse_suites, report)
+from diff_transformer.training.mesh import make_mesh  # noqa: E402
 
 flags.DEFINE_string("workdir", "runs/default", "Training run directory (config + checkpoints).")
 flags.DEFINE_string("suites", "all", f"Comma-separated suites: {', '.join(SUITES)} (or all).")
@@ -64,22 +68,16 @@ def _pairs(values) -> tuple[tuple[int, int], ...] | None:
 def _mesh():
   if not FLAGS.mesh:
     return None
-  import ml_collections
-  from diff_transformer.training.mesh import TrainError, make_mesh
   sizes = _ints(FLAGS.mesh.split(","), "mesh")
   if len(sizes) != 3:
     raise EvalError(f"--mesh: expected data,fsdp,tensor, got {FLAGS.mesh}")
-  try:
-    return make_mesh(ml_collections.ConfigDict(dict(zip(("data", "fsdp", "tensor"), sizes))))
-  except TrainError as e:
-    raise EvalError(str(e)) from None
+  # A bad mesh is a TrainError: a UserError, printed as one line by cli.run like any other.
+  return make_mesh(ml_collections.ConfigDict(dict(zip(("data", "fsdp", "tensor"), sizes))))
 
 
 def main(argv):
   logging.set_verbosity(logging.WARNING)  # orbax logs every restore detail at INFO
   if FLAGS.compare:
-    from diff_transformer.evaluation import report
-    from pathlib import Path
     path = report.compare(argv[1:], Path(FLAGS.compare_dir) if FLAGS.compare_dir else None)
     print(f"Comparison written to {path}")
     return

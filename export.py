@@ -14,6 +14,8 @@ cli.default_platform()
 
 from absl import flags  # noqa: E402
 
+from diff_transformer.interop.export import export_run  # noqa: E402
+
 flags.DEFINE_string("workdir", None, "Training run directory (config.json + checkpoints/).")
 flags.DEFINE_integer("step", None, "Checkpoint step to export (default: the newest readable).")
 flags.DEFINE_string("out", None, "Output folder (created; must not hold files).")
@@ -25,7 +27,6 @@ def main(argv):
   del argv
   from absl import logging
   logging.set_verbosity(logging.ERROR)  # orbax warns about read-only restores
-  from diff_transformer.interop.export import export_run
   summary = export_run(FLAGS.workdir, FLAGS.out, FLAGS.step)
   print(f"Exported {summary['variant']} step {summary['step']} as {summary['architecture']} "
         f"to {FLAGS.out}")

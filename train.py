@@ -47,6 +47,7 @@ def main(argv):
     return
   from absl import logging
   logging.set_verbosity(logging.WARNING)  # orbax logs every save step at INFO
+  # orbax, grain and the trainer load only to train (a --dry_run counts without them)
   from diff_transformer.training import initialize_distributed, train
   initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
   summary = train(config, FLAGS.workdir)

@@ -30,6 +30,7 @@ import numpy as np
 from jax.sharding import AbstractDevice, AbstractMesh, NamedSharding, PartitionSpec as P
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from diff_transformer.aot import topology_devices  # noqa: E402
 from diff_transformer.kernels.pallas import attention, sharded_attention  # noqa: E402
 
 VARIANTS = ("v1", "v2", "base")
@@ -111,7 +112,6 @@ def _attempt(row: dict, work) -> dict:
 
 
 def tpu_topology_mesh(topology: str = "v5e:2x2", shape=(2, 2)):
-  from diff_transformer.aot import topology_devices
   return jax.sharding.Mesh(np.array(topology_devices(topology)).reshape(shape), ("data", "model"))
 
 

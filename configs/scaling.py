@@ -29,8 +29,13 @@ Sources (the papers' scaling tables; README 'Configs and presets'):
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable
 
-from diff_transformer.config import VARIANTS, base_config, ffn_width
+import ml_collections
+
+from diff_transformer.config import base_config, ffn_width
+from diff_transformer.model.attention import variant_names
+from diff_transformer.params import heads_for
 
 VOCAB = 100_288  # the papers' tokenizer size: cl100k_base's 100,277 ids rounded up to 64
 # A run pads its tokenizer's ids to this multiple (model.vocab_multiple): VOCAB is then only the
@@ -42,7 +47,7 @@ VOCAB_MULTIPLE = 128
 class Row:
   d_model: int
   num_layers: int
-  diff_heads: int  # h of the differential variants; the Transformer has 2h
+  diff_heads: int  # h of DIFF (the table's heads); other variants take params.heads_for
   head_dim: int
   ffn_dim: int = 0  # 0 = ffn_width(d_model)
   lr: float = 1.5e-4
@@ -75,15 +80,15 @@ NOMINAL = {"830m": 830e6, "1.4b": 1.4e9, "2.8b": 2.8e9, "6.8b": 6.8e9, "13.1b": 
 
 
 def preset_names() -> list[str]:
-  names = [f"{v}-{s}" for s in DIFF_ROWS for v in VARIANTS]
-  return names + [f"{v}-3b-64k" for v in VARIANTS]
+  names = [f"{v}-{s}" for s in DIFF_ROWS for v in variant_names()]
+  return names + [f"{v}-3b-64k" for v in variant_names()]
 
 
 def get_config(preset: str = "diff-830m"):
   variant, _, size = preset.partition("-")
   long_context = size.endswith("-64k")
   size = size.removesuffix("-64k")
-  if variant not in VARIANTS or size not in DIFF_ROWS or (long_context and size != "3b"):
+  if variant not in variant_names() or size not in DIFF_ROWS or (long_context and size != "3b"):
     raise ValueError(f"--config: unknown preset '{preset}'; choose one of {', '.join(preset_names())}")
   c = base_config()
   m = c.model
@@ -99,12 +104,12 @@ def get_config(preset: str = "diff-830m"):
     if 2 * heads * m.head_dim != d_model:
       source += f"; deviation: d = D // 2h (even) = {m.head_dim}, W_O sized 2h*d = {2 * heads * m.head_dim}"
   else:
-    heads = row.diff_heads if variant == "diff" else 2 * row.diff_heads
+    heads = heads_for(variant, row.d_model, row.head_dim)
     m.d_model, m.num_layers, m.num_heads, m.head_dim = row.d_model, row.num_layers, heads, row.head_dim
     m.ffn_dim = row.ffn_dim or ffn_width(row.d_model)
     source = f"DIFF paper {'3B setup' if size == '3b' else 'Table 10'} ({size})"
-    if variant != "diff":
-      source += f"; {variant}: 2h = {heads} heads of d = {row.head_dim} (parameter-matched baseline)"
+    if heads != row.diff_heads:
+      source += f"; {variant}: {heads} heads of d = {row.head_dim} (parameter-matched baseline)"
   if not row.ffn_dim and variant != "shared_diff" or (variant == "shared_diff" and size not in SHARED_FFN):
     source += f"; FFN {m.ffn_dim} = 8/3 D rounded to a multiple of 128"
   t = c.train
@@ -124,3 +129,10 @@ def get_config(preset: str = "diff-830m"):
   c.train.eval_every, c.train.checkpoint_every = 1000, 1000
   c.source = source
   return c
+
+
+def preset_size(preset_size: str) -> Callable[[str], ml_collections.ConfigDict]:
+  """A sweep size (diff_transformer/sweeps) backed by these presets: '<variant>-<preset_size>'."""
+  def make(variant: str) -> ml_collections.ConfigDict:
+    return get_config(f"{variant}-{preset_size}")
+  return make

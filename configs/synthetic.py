@@ -16,7 +16,8 @@ parameter count (params.matched_variant). Only the answer positions count in the
 """
 from __future__ import annotations
 
-from diff_transformer.config import VARIANTS, base_config, validate
+from diff_transformer.config import base_config, validate
+from diff_transformer.model.attention import variant_names
 from diff_transformer.params import heads_for, matched_variant
 
 TASKS = {
@@ -31,12 +32,12 @@ SHARED_RANK = 8
 
 
 def preset_names() -> list[str]:
-  return [f"{v}-{t}" for t in TASKS for v in VARIANTS]
+  return [f"{v}-{t}" for t in TASKS for v in variant_names()]
 
 
 def get_config(preset: str = "transformer-mqar"):
   variant, _, task = preset.partition("-")
-  if variant not in VARIANTS or task not in TASKS:
+  if variant not in variant_names() or task not in TASKS:
     raise ValueError(f"--config: unknown preset '{preset}'; choose one of "
                      f"{', '.join(preset_names())}")
   name, fields, seq_len, steps = TASKS[task]

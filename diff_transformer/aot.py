@@ -15,6 +15,9 @@ import jax.numpy as jnp
 import ml_collections
 
 from diff_transformer.errors import UserError, first_line
+from diff_transformer.training.mesh import (batch_sharding, check_parallelism, data_parallel_size,
+                                            make_mesh)
+from diff_transformer.training.step import Trainer
 
 # HBM per chip in GiB, by topology prefix.
 HBM_GIB = {"v4": 32.0, "v5e": 16.0, "v5p": 95.0, "v6e": 32.0}
@@ -59,10 +62,6 @@ def topology_devices(topology: str):
 
 def compile_train_step(config: ml_collections.ConfigDict, topology: str) -> AotResult:
   """Lower and compile Trainer's train step for `topology`; report per-chip memory."""
-  from diff_transformer.training.mesh import (batch_sharding, check_parallelism,
-                                              data_parallel_size, make_mesh)
-  from diff_transformer.training.step import Trainer
-
   devices = topology_devices(topology)
   mesh = make_mesh(config.mesh, devices=devices)
   check_parallelism(config, mesh)
@@ -77,8 +76,7 @@ def compile_train_step(config: ml_collections.ConfigDict, topology: str) -> AotR
                                      ("segment_ids", jnp.int32), ("positions", jnp.int32),
                                      ("weights", jnp.float32))}
   try:
-    with trainer._context():
-      compiled = trainer._train_step.lower(trainer.abstract_state, abstract_batch).compile()
+    compiled = trainer.lower_train_step(abstract_batch).compile()
   except Exception as e:  # noqa: BLE001 - out-of-memory and other compile errors are results
     result.error = first_line(e)
     return result
@@ -96,7 +94,6 @@ def compile_train_step(config: ml_collections.ConfigDict, topology: str) -> AotR
 
 def data_parallel_size_on(config: ml_collections.ConfigDict, topology: str) -> int:
   """Batch rows per step are global_batch_size / this on `topology` (config.mesh laid out)."""
-  from diff_transformer.training.mesh import data_parallel_size, make_mesh
   return data_parallel_size(make_mesh(config.mesh, devices=topology_devices(topology)))
 
 

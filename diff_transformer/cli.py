@@ -23,8 +23,8 @@ from typing import Any, Callable, NoReturn
 
 from absl import flags
 
-from diff_transformer.config import ConfigError, validate
-from diff_transformer.errors import UserError, first_line, message_lines
+from diff_transformer.config import validate
+from diff_transformer.errors import ConfigError, UserError, first_line, message_lines
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 USER_ERROR_EXIT = 2

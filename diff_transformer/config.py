@@ -7,62 +7,29 @@ from __future__ import annotations
 
 import ml_collections
 
-from diff_transformer.errors import UserError
+from diff_transformer import kernels
+from diff_transformer.data.synthetic import task_spec
+from diff_transformer.errors import ConfigError
+from diff_transformer.model.attention import variant_class
+from diff_transformer.model.spec import ModelSpec
 
-VARIANTS = ("transformer", "diff", "shared_diff", "diff_v2")
-KERNELS = ("reference", "xla", "pallas")
+KERNELS = tuple(kernels.KERNELS)
 REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
 DTYPES = ("float32", "bfloat16")
 SYNTHETIC_TASKS = ("mqar", "needle")
 
 
-class ConfigError(UserError, ValueError):
-  """A config value that breaks a constraint; the message is one line naming the field."""
-
-
-def ffn_width(d_model: int, multiple: int = 128) -> int:
-  """SwiGLU width 8/3 * D rounded to the nearest multiple of 128 (exact for D = 3072 and 2880)."""
+def ffn_width(d_model: int, multiple: int = 128, up: bool = False) -> int:
+  """SwiGLU width 8/3 * D rounded to the nearest multiple of 128 (exact for D = 3072 and 2880),
+  or with up=True rounded up (the CPU default and CPU sweep: up to a multiple of 64)."""
+  if up:
+    return -(-8 * d_model // (3 * multiple)) * multiple
   return int(round(8 * d_model / 3 / multiple)) * multiple
 
 
 def model_config() -> ml_collections.ConfigDict:
-  c = ml_collections.ConfigDict()
-  c.variant = "diff"
-  c.vocab_size = 8192
-  # > 0: a run sets vocab_size to its tokenizer's ids rounded up to this multiple (the paper
-  # presets: 128); the padded rows are recorded (tokenizer_record.json) and never in the data.
-  c.vocab_multiple = 0
-  c.d_model = 256
-  c.num_layers = 4
-  # Output heads. transformer: attention heads; diff/shared_diff: differential heads h (each has
-  # two d-wide query sub-heads and a 2d-wide value); diff_v2: output heads h (2h query heads).
-  c.num_heads = 4
-  c.num_kv_heads = ml_collections.FieldReference(None, field_type=int)  # None = num_heads (MHA)
-  c.head_dim = 32
-  c.ffn_dim = 704
-  c.rope_theta = 10_000.0
-  c.rope_pairs = "interleaved"  # interleaved (2i, 2i+1) as the official code; or "half"
-  c.tie_embeddings = False
-  c.max_seq_len = 256
-  c.kernel = "xla"
-  c.dtype = "float32"  # compute dtype; parameters, softmax and norm statistics stay float32
-  c.remat = "none"
-  c.init_std = 0.02
-  # DIFF V1 / Shared DIFF ablations (DIFF paper Table 6).
-  c.subln = True  # per-head RMSNorm with one (2d,) gain, then * (1 - lambda_init)
-  c.lambda_init = ml_collections.FieldReference(None, field_type=float)  # None = 0.8-0.6exp(-0.3l)
-  c.lambda_std = 0.1
-  # Shared DIFF.
-  c.rank = 0
-  c.lowrank_init = "fan_in"  # fan_in: both factors random; lora: second factor zero (Q1 = Q2)
-  # DIFF V2 ablations.
-  c.v2_pairing = "interleaved"  # interleaved (even/odd, shares K/V) or halves (crosses groups)
-  c.v2_lambda = "sigmoid"  # sigmoid, none (o1 - o2), linear (lambda without sigmoid)
-  # Short causal depthwise convolution of this width on every block's attention input
-  # (x + conv(x), before the variant's projections; the Zoology/Based associative-recall
-  # recipe). 0 = off. Same for every variant, so comparisons stay fair.
-  c.short_conv = 0
-  return c
+  """The model section: ModelSpec's fields and defaults (model/spec.py, with their meaning)."""
+  return ModelSpec.config_section()
 
 
 def task_config() -> ml_collections.ConfigDict:
@@ -144,8 +111,7 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """Checks every constraint the model and trainer rely on; returns the config."""
   _check_keys(config, base_config(), "")
   m = config.model
-  if m.variant not in VARIANTS:
-    _fail("model.variant", f"unknown variant '{m.variant}'; choose one of {', '.join(VARIANTS)}")
+  attention = variant_class(m.variant)
   if m.kernel not in KERNELS:
     _fail("model.kernel", f"unknown kernel '{m.kernel}'; choose one of {', '.join(KERNELS)}")
   if m.remat not in REMAT_POLICIES:
@@ -159,36 +125,14 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   if m.vocab_multiple is None or m.vocab_multiple < 0:
     _fail("model.vocab_multiple", f"must be >= 0 (0 = vocab_size as given), got "
           f"{m.vocab_multiple}")
-  kv = num_kv_heads(m)
-  if kv <= 0:
-    _fail("model.num_kv_heads", f"must be a positive integer, got {kv}")
-  query_heads = 2 * m.num_heads if m.variant == "diff_v2" else m.num_heads
-  if query_heads % kv:
-    _fail("model.num_kv_heads", f"{kv} kv heads do not divide {query_heads} query heads")
-  if m.variant in ("diff", "shared_diff"):
-    # h = D / 2d; Shared DIFF's Table 3 rows allow d = D // 2h (rounded down), a documented deviation (configs/scaling.py).
-    ok = 2 * m.num_heads * m.head_dim <= m.d_model if m.variant == "shared_diff" else (
-        2 * m.num_heads * m.head_dim == m.d_model)
-    if not ok:
-      _fail("model.head_dim", f"2 * num_heads * head_dim = {2 * m.num_heads * m.head_dim} must "
-            f"{'not exceed' if m.variant == 'shared_diff' else 'equal'} d_model = {m.d_model}")
-  elif m.num_heads * m.head_dim != m.d_model:
-    _fail("model.head_dim", f"num_heads * head_dim = {m.num_heads * m.head_dim} must equal "
-          f"d_model = {m.d_model} for {m.variant}")
-  if m.variant == "shared_diff":
-    if not 1 <= m.rank <= min(m.d_model, kv * m.head_dim):
-      _fail("model.rank", f"must be in [1, {min(m.d_model, kv * m.head_dim)}] "
-            f"(the smallest projection side), got {m.rank}")
-    if m.lowrank_init not in ("fan_in", "lora"):
-      _fail("model.lowrank_init", f"'{m.lowrank_init}' is not one of fan_in, lora")
-  if m.variant == "diff_v2":
-    if m.v2_pairing not in ("interleaved", "halves"):
-      _fail("model.v2_pairing", f"'{m.v2_pairing}' is not one of interleaved, halves")
-    if m.v2_lambda not in ("sigmoid", "none", "linear"):
-      _fail("model.v2_lambda", f"'{m.v2_lambda}' is not one of sigmoid, none, linear")
-    if m.v2_pairing == "interleaved" and (query_heads // kv) % 2:
-      _fail("model.num_kv_heads", f"2h / h_kv = {query_heads // kv} query heads per kv group "
-            "must be even so each (2j, 2j+1) pair shares its keys (or set v2_pairing=halves)")
+  spec = ModelSpec.from_config(m)
+  if spec.kv_heads <= 0:
+    _fail("model.num_kv_heads", f"must be a positive integer, got {spec.kv_heads}")
+  query_heads = attention.query_heads(spec)
+  if query_heads % spec.kv_heads:
+    _fail("model.num_kv_heads", f"{spec.kv_heads} kv heads do not divide {query_heads} query "
+          "heads")
+  attention.check(spec)
   if m.rope_pairs not in ("interleaved", "half"):
     _fail("model.rope_pairs", f"'{m.rope_pairs}' is not one of interleaved, half")
   if m.lambda_init is not None and not 0.0 <= m.lambda_init < 1.0:
@@ -200,7 +144,6 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     if d.task.vocab_size > m.vocab_size:
       _fail("data.task.vocab_size", f"{d.task.vocab_size} exceeds model.vocab_size = "
             f"{m.vocab_size}")
-    from diff_transformer.data.synthetic import task_spec  # numpy only; data imports config
     try:
       task_spec(d)
     except ValueError as e:
@@ -226,10 +169,6 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
       _fail(f"mesh.{axis}", f"must be a positive size or -1 (the remaining devices), got "
             f"{config.mesh[axis]}")
   return config
-
-
-def num_kv_heads(m: ml_collections.ConfigDict) -> int:
-  return m.num_heads if m.num_kv_heads is None else m.num_kv_heads
 
 
 def _check_keys(config, schema, prefix: str) -> None:

@@ -2,8 +2,8 @@
 lines).
 
 Every error a user can fix (a bad flag, config value, file or workdir) is a `UserError`; the
-programs' entry point (`cli.run`) prints it as `error: <message>` and exits with status 2.
-ConfigError, DataError, TrainError, EvalError and the sweep errors all subclass it.
+programs' entry point (`cli.run`) is the one place that catches it: it prints `error: <message>`
+and exits with status 2. The four kinds below, and the interop, AOT and sweep errors, subclass it.
 """
 from __future__ import annotations
 
@@ -14,6 +14,22 @@ from typing import Any
 
 class UserError(Exception):
   """Bad input or state the user can act on; the message is one line naming the field or file."""
+
+
+class ConfigError(UserError, ValueError):
+  """A config value that breaks a constraint; the message is one line naming the field."""
+
+
+class DataError(UserError, ValueError):
+  """Bad data input or state; the message is one line naming the path, field or command."""
+
+
+class TrainError(UserError, RuntimeError):
+  """A training failure the user can act on (mesh, workdir, checkpoint); one line."""
+
+
+class EvalError(UserError, ValueError):
+  """Bad evaluation input; the message is one line naming the flag, path or limit."""
 
 
 def message_lines(e: BaseException) -> list[str]:

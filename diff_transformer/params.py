@@ -14,6 +14,7 @@ import ml_collections
 from flax import nnx
 
 from diff_transformer.model import build_model
+from diff_transformer.model.attention import variant_class
 from diff_transformer.model.spec import ModelSpec
 
 EMBEDDING_MODULES = ("embed", "lm_head")
@@ -58,10 +59,10 @@ def format_table(counts: dict, num_layers: int) -> str:
 
 
 def heads_for(variant: str, d_model: int, head_dim: int) -> int:
-  """The papers' head rule at equal D and head width d: DIFF V1 / Shared DIFF have h = D / 2d
-  differential heads; the parameter-matched Transformer 2h = D / d heads; DIFF V2 h = D / d
-  output heads (2h query heads)."""
-  return d_model // (2 * head_dim) if variant in ("diff", "shared_diff") else d_model // head_dim
+  """The papers' head rule at equal D and head width d, as the variant states it
+  (`Attention.heads_for`): DIFF V1 / Shared DIFF have h = D / 2d differential heads; the
+  parameter-matched Transformer 2h = D / d heads; DIFF V2 h = D / d output heads (2h query)."""
+  return variant_class(variant).heads_for(d_model, head_dim)
 
 
 def match_ffn(config: ml_collections.ConfigDict, target_params: int
@@ -89,6 +90,5 @@ def matched_variant(config: ml_collections.ConfigDict, variant: str,
   out = copy.deepcopy(base)
   out.model.variant = variant
   out.model.num_heads = heads_for(variant, m.d_model, m.head_dim)
-  if variant == "shared_diff":
-    out.model.rank = rank
+  out.model.rank = rank if variant_class(variant).low_rank else 0
   return out if variant == "transformer" else match_ffn(out, target)

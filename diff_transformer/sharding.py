@@ -11,28 +11,40 @@ from jax.sharding import PartitionSpec as P
 
 MESH_AXES = ("data", "fsdp", "tensor")
 
-# (logical name, mesh axis or axes). Unlisted names are replicated.
+# Logical axis names: activations (batch rows, sequence, model width, attention heads) and
+# parameters (model width, vocabulary, query / kv heads, FFN width, low rank, lambda heads, head
+# width, norm gains, the stacked layer axis).
+BATCH, LENGTH, ACT_EMBED, ACT_HEADS = "batch", "length", "act_embed", "act_heads"
+EMBED, VOCAB, HEADS, KV_HEADS, MLP = "embed", "vocab", "heads", "kv_heads", "mlp"
+RANK, LAMBDA_HEADS, HEAD_DIM, NORM, LAYERS = "rank", "lambda_heads", "head_dim", "norm", "layers"
+
+# (logical name, mesh axis or axes or None = replicated); every logical name is listed.
 LOGICAL_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
-    ("batch", ("data", "fsdp")),
-    ("length", None),
-    ("act_embed", None),
-    ("act_heads", "tensor"),
-    ("embed", "fsdp"),
-    ("vocab", "tensor"),
-    ("heads", "tensor"),
-    ("kv_heads", "tensor"),
-    ("mlp", "tensor"),
-    ("rank", None),
-    ("lambda_heads", None),
-    ("head_dim", None),
-    ("norm", None),
-    ("layers", None),
+    (BATCH, ("data", "fsdp")),
+    (LENGTH, None),
+    (ACT_EMBED, None),
+    (ACT_HEADS, "tensor"),
+    (EMBED, "fsdp"),
+    (VOCAB, "tensor"),
+    (HEADS, "tensor"),
+    (KV_HEADS, "tensor"),
+    (MLP, "tensor"),
+    (RANK, None),
+    (LAMBDA_HEADS, None),
+    (HEAD_DIM, None),
+    (NORM, None),
+    (LAYERS, None),
 )
 
 
 def logical_to_spec(names: tuple[str | None, ...], rules=LOGICAL_RULES) -> P:
+  """The PartitionSpec of logical `names` (None = replicated); an unknown name is an error, not
+  a silent replication."""
   table = dict(rules)
-  return P(*(table.get(n) if n is not None else None for n in names))
+  unknown = [n for n in names if n is not None and n not in table]
+  if unknown:
+    raise ValueError(f"unknown logical axis name(s) {unknown}; known: {', '.join(table)}")
+  return P(*(table[n] if n is not None else None for n in names))
 
 
 def constrain(x: jax.Array, names: tuple[str | None, ...]) -> jax.Array:
@@ -47,7 +59,7 @@ def constrain(x: jax.Array, names: tuple[str | None, ...]) -> jax.Array:
 
 def mesh_axes(mesh, name: str) -> str | tuple[str, ...] | None:
   """The mesh axes a logical name maps to under the active rules (those present in `mesh`)."""
-  axes = dict(get_logical_axis_rules() or LOGICAL_RULES).get(name)
+  axes = logical_to_spec((name,), get_logical_axis_rules() or LOGICAL_RULES)[0]
   if axes is None:
     return None
   kept = tuple(a for a in ((axes,) if isinstance(axes, str) else axes) if a in mesh.axis_names)

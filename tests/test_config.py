@@ -63,3 +63,17 @@ def test_every_preset_validates_and_names_its_source():
     assert c.source and c.model.vocab_multiple == 128  # a run pads its tokenizer's ids
   with pytest.raises(ValueError, match="unknown preset"):
     scaling.get_config("diff-9b")
+
+
+def test_model_section_is_built_from_the_model_spec():
+  import dataclasses
+
+  import ml_collections
+
+  from diff_transformer.config import base_config
+  from diff_transformer.model.spec import ModelSpec
+  section = base_config().model.to_dict()
+  assert section == {f.name: f.default for f in dataclasses.fields(ModelSpec)}
+  assert ModelSpec.from_config(base_config().model) == ModelSpec()
+  with pytest.raises(ConfigError, match="model.num_head: unknown key"):
+    ModelSpec.from_config(ml_collections.ConfigDict(dict(variant="diff", num_head=4)))

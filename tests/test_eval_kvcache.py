@@ -7,6 +7,7 @@ from flax import nnx
 from diff_transformer.evaluation import common, decoding
 from diff_transformer.model import build_model
 from diff_transformer.model import cache as kv_cache
+from diff_transformer.model.attention import VARIANTS
 from diff_transformer.model.spec import ModelSpec
 
 VOCAB = 61
@@ -69,11 +70,15 @@ def test_reference_kernel_decode_matches_full_forward():
   np.testing.assert_allclose(np.concatenate([first, last], 1), full, atol=1e-5, rtol=0)
 
 
+def _empty_cache(spec, batch, max_len):
+  return kv_cache.init(spec, VARIANTS[spec.variant].cache_layout(spec), batch, max_len)
+
+
 @pytest.mark.parametrize("name", list(CASES))
 def test_cache_size_per_token_follows_spec(name):
   spec = tiny(**CASES[name])
   k, d = spec.kv_heads, spec.head_dim
-  cache = kv_cache.init(spec, batch=1, max_len=4)
+  cache = _empty_cache(spec, 1, 4)
   key_shape, value_shape = cache.k.shape[3:], cache.v.shape[3:]
   if spec.variant in ("transformer", "diff_v2"):  # h_kv x d keys and values
     assert key_shape == (k, d) and value_shape == (k, d)

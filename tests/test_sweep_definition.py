@@ -3,10 +3,11 @@ import sys
 
 import pytest
 
+from configs.scaling import preset_size
 from configs.sweeps import cpu, table10
 from diff_transformer.config import ConfigError
 from diff_transformer.sweeps import runner
-from diff_transformer.sweeps.definition import Sweep, preset_size
+from diff_transformer.sweeps.definition import Sweep
 
 
 def test_builtin_sweeps_validate():
@@ -32,7 +33,8 @@ def test_bad_sweeps_rejected_before_any_run(tmp_path, sweep, words):
 
 def test_cli_bad_sweep_is_one_line(tmp_path):
   bad = tmp_path / "bad.py"
-  bad.write_text("from diff_transformer.sweeps.definition import Sweep, preset_size\n"
+  bad.write_text("from configs.scaling import preset_size\n"
+                 "from diff_transformer.sweeps.definition import Sweep\n"
                  "SWEEP = Sweep('bad', sizes={'x': preset_size('830m')}, budgets={'z': 0})\n")
   out = subprocess.run([sys.executable, "sweep.py", f"--sweep={bad}", f"--root={tmp_path}/r"],
                        capture_output=True, text=True)

@@ -1,6 +1,7 @@
 """Small, fast pieces of training: schedule, decay masks, mesh resolution and checks, FLOPs."""
 from __future__ import annotations
 
+import jax
 import ml_collections
 import pytest
 
@@ -80,3 +81,52 @@ def test_flops_count_causal_attention_maxtext_way():
   # Two maps per head: QK^T over d, AV over 2d.
   assert attention_flops_per_token(diff, 128) == 2 * 0.5 * (
       2 * 2 * 128 * 2 * 16 + 2 * 2 * 128 * 2 * 32)
+
+
+def test_unknown_logical_axis_name_is_an_error():
+  from diff_transformer.sharding import BATCH, LENGTH, logical_to_spec
+  assert logical_to_spec((BATCH, None, LENGTH)) == jax.sharding.PartitionSpec(("data", "fsdp"),
+                                                                               None, None)
+  with pytest.raises(ValueError, match="unknown logical axis name"):
+    logical_to_spec((BATCH, "bacth"))
+
+
+def test_trainer_logits_are_the_models_own():
+  import numpy as np
+  from diff_transformer.training.mesh import make_mesh
+  from diff_transformer.training.step import Trainer
+  c = base_config()
+  c.model.update(dict(variant="diff_v2", vocab_size=64, d_model=32, num_layers=1, num_heads=2,
+                      head_dim=16, ffn_dim=64, max_seq_len=16))
+  c.mesh.data = 1
+  trainer = Trainer(c, make_mesh(c.mesh))
+  state = trainer.init(seed=1)
+  tokens_BT = np.arange(24, dtype=np.int32).reshape(2, 12)
+  logits_BTV = trainer.logits(state, {"inputs": tokens_BT})
+  assert logits_BTV.shape == (2, 12, 64)
+  np.testing.assert_allclose(logits_BTV, trainer.model(state)(tokens_BT), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("micro_batches", [1, 2])
+def test_diff_v2_lambda_metric_is_the_forwards_weighted_mean(micro_batches):
+  import numpy as np
+  from diff_transformer.training.mesh import make_mesh
+  from diff_transformer.training.step import Trainer
+  c = base_config()
+  c.model.update(dict(variant="diff_v2", vocab_size=64, d_model=32, num_layers=2, num_heads=2,
+                      head_dim=16, ffn_dim=64, max_seq_len=16))
+  c.mesh.data, c.train.global_batch_size, c.train.micro_batches = 1, 4, micro_batches
+  trainer = Trainer(c, make_mesh(c.mesh))
+  state = trainer.init(seed=3)
+  rng = np.random.default_rng(0)
+  tokens_BT = rng.integers(0, 64, (4, 12)).astype(np.int32)
+  weights_BT = (rng.random((4, 12)) < 0.6).astype(np.float32)  # uneven real tokens per row
+  batch = dict(inputs=tokens_BT, targets=np.roll(tokens_BT, -1, 1), weights=weights_BT,
+               positions=np.tile(np.arange(12, dtype=np.int32), (4, 1)),
+               segment_ids=np.ones((4, 12), np.int32))
+  # Independently: the analysis forward's per-token lambda [L, B, T, h], averaged over real tokens.
+  _, aux = trainer.model(state)(tokens_BT, batch["positions"], batch["segment_ids"], capture=True)
+  lam_LBTN = np.asarray(aux["lambda"])
+  expected_L = (lam_LBTN * weights_BT[None, :, :, None]).sum((1, 2, 3)) / (weights_BT.sum() * 2)
+  _, metrics = trainer.train_step(state, batch)
+  np.testing.assert_allclose(np.asarray(metrics["layers"]["lambda"]), expected_L, rtol=1e-5)

@@ -4,7 +4,8 @@ plus a token-budget grid on the 3B rows (for L(D): 10K ... 100K steps of 4M toke
     python sweep.py --sweep=configs/sweeps/table10.py --root=gs://bucket/sweeps --mode=print \
         --launcher="sbatch --nodes=4 --wrap"
 """
-from diff_transformer.sweeps.definition import Sweep, preset_size
+from configs.scaling import preset_size
+from diff_transformer.sweeps.definition import Sweep
 
 SIZES = ("830m", "1.4b", "2.8b", "6.8b", "13.1b")
 

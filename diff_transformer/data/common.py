@@ -10,15 +10,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from diff_transformer.errors import UserError
+from diff_transformer.errors import DataError
 
 ENV_CACHE = "DIFF_TRANSFORMER_CACHE"
 # Temp dirs older than this are leftovers of killed runs (a live fetch/prepare takes minutes).
 _STALE_SECONDS = 6 * 3600
-
-
-class DataError(UserError, ValueError):
-  """Bad data input or state; the message is one line naming the path, field or command."""
 
 
 def cache_root(cache_dir: str = "") -> Path:

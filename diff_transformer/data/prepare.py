@@ -180,6 +180,7 @@ def prepare_documents(documents: Documents, output: str | Path, *, tokenizer: st
   if tokenizer == "file":
     FileTokenizer.from_file(tokenizer_file)  # a bad file is one line before any slow work
   if tokenizer == "tiktoken":
+    # tiktoken (an optional dependency) loads only for this tokenizer
     from diff_transformer.data.tiktoken_file import TiktokenTokenizer
     tiktoken_encoding = tiktoken_encoding or Path(tokenizer_file).stem
     TiktokenTokenizer(tokenizer_file, tiktoken_encoding)
@@ -207,6 +208,7 @@ def prepare_documents(documents: Documents, output: str | Path, *, tokenizer: st
     if tokenizer == "file":
       shutil.copyfile(tokenizer_file, tmp / TOKENIZER_FILE)
     if tokenizer == "tiktoken":
+      # tiktoken (an optional dependency) loads only for this tokenizer
       from diff_transformer.data.tiktoken_file import TIKTOKEN_FILE
       shutil.copyfile(tokenizer_file, tmp / TIKTOKEN_FILE)
       (tmp / "tiktoken.json").write_text(json.dumps(dict(encoding=tiktoken_encoding)) + "\n")

@@ -82,5 +82,5 @@ class TiktokenTokenizer:
     return self._enc.encode_ordinary_batch(list(texts))
 
   def decode(self, ids) -> str:
-    specials = set(self._enc._special_tokens.values())
+    specials = {self._enc.encode_single_token(t) for t in self._enc.special_tokens_set}
     return self._enc.decode([int(i) for i in ids if int(i) not in specials], errors="replace")

@@ -161,6 +161,7 @@ def build_tokenizer(data_config: ml_collections.ConfigDict, directory: str | Pat
     return ByteTokenizer()
   path = Path(directory) / TOKENIZER_FILE if directory is not None else None
   if data_config.tokenizer == "tiktoken":
+    # tiktoken (an optional dependency) loads only for this tokenizer
     from diff_transformer.data.tiktoken_file import TIKTOKEN_FILE, TiktokenTokenizer
     record = Path(directory) / "tiktoken.json" if directory is not None else None
     if record is None or not record.is_file():
@@ -189,6 +190,7 @@ def load_tokenizer(recorded: dict, directory: str | Path) -> Tokenizer:
   name = recorded.get("name")
   check_name(name)
   if name == "tiktoken":
+    # tiktoken (an optional dependency) loads only for this tokenizer
     from diff_transformer.data.tiktoken_file import TIKTOKEN_FILE, TiktokenTokenizer
     tok = TiktokenTokenizer(Path(directory) / TIKTOKEN_FILE, str(recorded.get("encoding")))
     assert_compatible(recorded, tok)

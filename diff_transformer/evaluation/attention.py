@@ -11,6 +11,7 @@ import numpy as np
 from tqdm import tqdm
 
 from diff_transformer.evaluation import common, needle
+from diff_transformer.model.attention import variant_class
 
 NORMALISATION = (
     "share(span) = sum_{s in span} M[q, s] / sum_s |M[q, s]| for the map row of the last prompt "
@@ -34,22 +35,22 @@ def span_masks(sample: needle.Sample, prompt_len: int, width: int) -> dict[str, 
   return masks
 
 
-def shares(row_HS: np.ndarray, masks: dict[str, np.ndarray]) -> dict[str, float]:
+def shares(row_NS: np.ndarray, masks: dict[str, np.ndarray]) -> dict[str, float]:
   """Per-span shares of one query row (per head, then averaged over heads); see NORMALISATION."""
-  row_HS = np.asarray(row_HS, np.float64)
-  total_H = np.abs(row_HS).sum(-1)
-  total_H = np.where(total_H > 0, total_H, 1.0)
-  return {k: float(np.mean(row_HS[:, m].sum(-1) / total_H)) for k, m in masks.items()}
+  row_NS = np.asarray(row_NS, np.float64)
+  total_N = np.abs(row_NS).sum(-1)
+  total_N = np.where(total_N > 0, total_N, 1.0)
+  return {k: float(np.mean(row_NS[:, m].sum(-1) / total_N)) for k, m in masks.items()}
 
 
 def query_rows(aux: dict, query_B: np.ndarray) -> np.ndarray:
-  """[L, B, H, S]: each row's map at its query position (differential map where there is one)."""
+  """[L, B, N, S]: each row's map at its query position (differential map where there is one)."""
   a1 = np.asarray(aux["A1"])
   b = np.arange(a1.shape[1])
-  rows = a1[:, b, :, query_B]  # advanced indices first: [B, L, H, S]
+  rows = a1[:, b, :, query_B]  # advanced indices first: [B, L, N, S]
   if "A2" in aux:
     a2 = np.asarray(aux["A2"])[:, b, :, query_B]
-    lam = np.moveaxis(np.asarray(aux["lambda"])[:, b, query_B], 0, 1)  # [L, B, H] -> [B, L, H]
+    lam = np.moveaxis(np.asarray(aux["lambda"])[:, b, query_B], 0, 1)  # [L, B, N] -> [B, L, N]
     rows = rows - lam[..., None] * a2
   return np.moveaxis(rows, 0, 1)
 
@@ -71,9 +72,9 @@ def analyse(fns: common.Fns, samples: list[needle.Sample], batch_size: int,
       per_depth.setdefault(s.depth, []).append(np.asarray(per_layer))
   out = {}
   for depth, vals in sorted(per_depth.items()):
-    mean_LK = np.mean(vals, axis=0)
-    table = {f"layer_{l}": dict(zip(SPANS, map(float, mean_LK[l]))) for l in range(len(mean_LK))}
-    table["mean"] = dict(zip(SPANS, map(float, mean_LK.mean(0))))
+    mean_LC = np.mean(vals, axis=0)
+    table = {f"layer_{l}": dict(zip(SPANS, map(float, mean_LC[l]))) for l in range(len(mean_LC))}
+    table["mean"] = dict(zip(SPANS, map(float, mean_LC.mean(0))))
     out[f"{depth:g}"] = table
   return out
 
@@ -88,7 +89,7 @@ def run(fns: common.Fns, tokenizer, texts: list[str], settings, out_dir) -> dict
   averaged = {k: float(np.mean([t["mean"][k] for t in by_depth.values()])) for k in SPANS}
   return dict(by_depth=by_depth, averaged=averaged, needles=num_needles, length=length,
               samples_per_depth=settings.attention_samples,
-              map="A1 - lambda A2" if fns.spec.variant != "transformer" else "A",
+              map=variant_class(fns.spec.variant).map_name,
               normalisation=NORMALISATION, plots=[plot(by_depth, out_dir / "attention.png")])
 
 

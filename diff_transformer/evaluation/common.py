@@ -11,14 +11,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from diff_transformer.errors import UserError
+from diff_transformer.errors import EvalError
 from diff_transformer.model.attention import Attention
+from diff_transformer.training.loss import token_nll
 
 Array = jax.Array
-
-
-class EvalError(UserError, ValueError):
-  """Bad evaluation input; the message is one line naming the flag, path or limit."""
 
 
 SUITES = ("task", "loss", "long_context", "needle", "attention", "outliers", "quantization", "icl",
@@ -94,8 +91,7 @@ class Fns:
       return nnx.merge(graphdef, state).decode(tokens, cache, lengths)
 
     def nll(state, tokens, targets, positions, segment_ids):
-      lg = nnx.merge(graphdef, state)(tokens, positions, segment_ids)
-      return -jnp.take_along_axis(jax.nn.log_softmax(lg), targets[..., None], axis=-1)[..., 0]
+      return token_nll(nnx.merge(graphdef, state)(tokens, positions, segment_ids), targets)
 
     self._logits = jax.jit(logits)
     self._capture = jax.jit(capture)

@@ -11,7 +11,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from diff_transformer.evaluation.common import EvalError, Fns, pad_rows
+from diff_transformer.evaluation.common import Fns, pad_rows
+from diff_transformer.errors import EvalError
 
 
 def _cache_len(fns: Fns, prompt_len: int, extra: int) -> int:

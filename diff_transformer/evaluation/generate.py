@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from diff_transformer.evaluation import common, decoding
-from diff_transformer.model import cache as kv_cache
+from diff_transformer.model.attention import variant_class
 
 
 def prompts_for(tokenizer, texts: list[str], settings, count: int = 3) -> list[str]:
@@ -43,7 +43,7 @@ def run(fns: common.Fns, tokenizer, texts: list[str], settings, out_dir) -> dict
   sampled = decoding.generate(fns, encoded, settings.max_new_tokens,
                               temperature=settings.temperature, top_k=settings.top_k,
                               seed=settings.seed)
-  (kh, kw), (vh, vw) = kv_cache.layout(fns.spec)
+  (kh, kw), (vh, vw) = variant_class(fns.spec.variant).cache_layout(fns.spec)
   samples = [dict(prompt=p, greedy=tokenizer.decode(g), sampled=tokenizer.decode(s),
                   greedy_matches_full_forward=m)
              for p, g, s, m in zip(prompts, greedy, sampled,
@@ -54,4 +54,4 @@ def run(fns: common.Fns, tokenizer, texts: list[str], settings, out_dir) -> dict
               sampling=dict(temperature=settings.temperature, top_k=settings.top_k,
                             seed=settings.seed),
               kv_cache=dict(key_heads=kh, key_width=kw, value_heads=vh, value_width=vw,
-                            values_per_token=kv_cache.init(fns.spec, 1, 1).values_per_token))
+                            values_per_token=fns.model.init_cache(1, 1).values_per_token))

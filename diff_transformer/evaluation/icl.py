@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from diff_transformer.data.common import DataError, jsonl_records
+from diff_transformer.data.common import jsonl_records
+from diff_transformer.errors import DataError, EvalError
 from diff_transformer.evaluation import common, decoding
-from diff_transformer.evaluation.common import EvalError
 
 
 @dataclasses.dataclass(frozen=True)

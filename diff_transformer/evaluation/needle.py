@@ -22,7 +22,7 @@ import numpy as np
 from tqdm import tqdm
 
 from diff_transformer.evaluation import common, decoding
-from diff_transformer.evaluation.common import EvalError
+from diff_transformer.errors import EvalError
 
 CITIES = (
     "Tokyo", "Nairobi", "Reykjavik", "Montevideo", "Ulaanbaatar", "Helsinki", "Santiago",

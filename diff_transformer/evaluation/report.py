@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 
 from diff_transformer.evaluation import common, icl, long_context, quantization
-from diff_transformer.evaluation.common import EvalError
+from diff_transformer.errors import EvalError
 
 def metrics(name: str, r: dict) -> dict[str, object]:
   """The suite's key numbers, flat (one row each in the report and the comparison table)."""

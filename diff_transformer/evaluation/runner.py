@@ -5,11 +5,12 @@ import functools
 import time
 from pathlib import Path
 
-from diff_transformer.data import synthetic
+from diff_transformer.data import heldout_documents, load_dataset, synthetic, validation_batches
 from diff_transformer.evaluation import (attention, common, generate, icl, long_context, loss,
                                          needle, outliers, quantization, report, tasks)
-from diff_transformer.evaluation.common import SUITES, TASK_SUITES, EvalError, Settings
-from diff_transformer.errors import last_line
+from diff_transformer.evaluation.common import SUITES, TASK_SUITES, Settings
+from diff_transformer.errors import DataError, EvalError, TrainError, last_line
+from diff_transformer.training.checkpoint import check_tokenizer_record, restore_model
 
 
 def parse_suites(text: str, task: bool | None = False) -> list[str]:
@@ -38,9 +39,6 @@ class Run:
 
   def __init__(self, workdir: str | Path, step: int | None = None, mesh=None,
                settings: Settings | None = None):
-    from diff_transformer.data import DataError
-    from diff_transformer.training.checkpoint import restore_model
-    from diff_transformer.training.mesh import TrainError
     self.workdir = Path(workdir)
     self.settings = settings or Settings()
     try:
@@ -74,8 +72,6 @@ class Run:
 
   @functools.cached_property
   def dataset(self):
-    from diff_transformer.data import DataError, load_dataset
-    from diff_transformer.training.checkpoint import check_tokenizer_record
     try:
       # A task's rows keep their trained length (the task suite varies it per slice).
       ds = load_dataset(self.config.data, seq_len=None if self.is_task else self.context)
@@ -90,11 +86,9 @@ class Run:
 
   @functools.cached_property
   def heldout_texts(self) -> list[str]:
-    from diff_transformer.data import heldout_documents
     return heldout_documents(self.dataset)
 
   def val_batches(self, count: int) -> list[dict]:
-    from diff_transformer.data import validation_batches
     return list(validation_batches(self.dataset, self.config.data, self.settings.batch_size,
                                    count or None))
 

@@ -18,6 +18,7 @@ from tqdm import tqdm
 
 from diff_transformer.data import synthetic
 from diff_transformer.evaluation import attention, common
+from diff_transformer.model.attention import variant_class
 
 TASK_SPANS = ("answer", "distractors", "other_items", "noise")
 NORMALISATION = (
@@ -86,8 +87,8 @@ def accuracy(fns: common.Fns, s: synthetic.TaskSpec, rows: int, batch_size: int,
     b = np.arange(len(ex["seq"]))[:, None]
     guess = logits[b, ex["answer_pos"]].argmax(-1)
     hits.append(guess == ex["seq"][b, ex["answer_pos"] + 1])
-  hit_BR = np.concatenate(hits)
-  return dict(accuracy=float(hit_BR.mean()), by_query=hit_BR.mean(0).tolist(), rows=rows,
+  hit_BQ = np.concatenate(hits)
+  return dict(accuracy=float(hit_BQ.mean()), by_query=hit_BQ.mean(0).tolist(), rows=rows,
               chance=chance(s), seq_len=s.seq_len)
 
 
@@ -123,15 +124,15 @@ def attention_shares(fns: common.Fns, s: synthetic.TaskSpec, rows: int, batch_si
     ex = synthetic.generate(s, "val", seed + 1, i, min(batch_size, rows - i * batch_size))
     _, aux = fns.capture(ex["seq"][:, :-1])
     for r in range(ex["answer_pos"].shape[1]):
-      rows_LBHS = attention.query_rows(aux, ex["answer_pos"][:, r])
-      for b in range(rows_LBHS.shape[1]):
+      rows_LBNS = attention.query_rows(aux, ex["answer_pos"][:, r])
+      for b in range(rows_LBNS.shape[1]):
         masks = span_masks(s, ex, b, r)
-        per_item.append([[attention.shares(rows_LBHS[l, b], masks)[k] for k in TASK_SPANS]
-                         for l in range(rows_LBHS.shape[0])])
-  mean_LK = np.mean(per_item, axis=0)
-  table = {f"layer_{l}": dict(zip(TASK_SPANS, map(float, mean_LK[l])))
-           for l in range(len(mean_LK))}
-  table["mean"] = dict(zip(TASK_SPANS, map(float, mean_LK.mean(0))))
+        per_item.append([[attention.shares(rows_LBNS[l, b], masks)[k] for k in TASK_SPANS]
+                         for l in range(rows_LBNS.shape[0])])
+  mean_LC = np.mean(per_item, axis=0)
+  table = {f"layer_{l}": dict(zip(TASK_SPANS, map(float, mean_LC[l])))
+           for l in range(len(mean_LC))}
+  table["mean"] = dict(zip(TASK_SPANS, map(float, mean_LC.mean(0))))
   return table
 
 
@@ -152,7 +153,7 @@ def run_attention(fns: common.Fns, s: synthetic.TaskSpec, settings, out_dir) -> 
                            settings.seed)
   return dict(task=s.name, by_layer=table, averaged=table["mean"],
               rows=settings.task_attention_rows,
-              map="A1 - lambda A2" if fns.spec.variant != "transformer" else "A",
+              map=variant_class(fns.spec.variant).map_name,
               normalisation=NORMALISATION)
 
 

@@ -16,7 +16,9 @@ from pathlib import Path
 import numpy as np
 
 from diff_transformer.interop import InteropError, require, weights
+from diff_transformer.interop.hf_tokenizer import hf_tokenizer
 from diff_transformer.model.spec import ModelSpec
+from diff_transformer.training.checkpoint import read_config, restore_model
 
 REMOTE_DIR = Path(__file__).parent / "remote"
 REMOTE_FILES = ("configuration_diff_v2.py", "modeling_diff_v2.py")
@@ -29,7 +31,6 @@ def _check_out(out: Path) -> None:
 
 
 def _read_spec(workdir: Path) -> tuple[ModelSpec, dict]:
-  from diff_transformer.training.checkpoint import read_config
   config = read_config(workdir)
   if config is None:
     raise InteropError(f"--workdir: {workdir} has no config.json; not a training workdir")
@@ -44,6 +45,7 @@ def hf_config_object(spec: ModelSpec, eot_id: int):
   fields = weights.hf_config(spec, eot_id)
   arch = fields.pop("architectures")[0]
   if spec.variant == "diff_v2":
+    # transformers (the hf extra) loads only for an export that needs it
     from diff_transformer.interop.remote.configuration_diff_v2 import DiffV2Config
     config = DiffV2Config(**fields)
     config.auto_map = {"AutoConfig": "configuration_diff_v2.DiffV2Config",
@@ -71,8 +73,6 @@ def export_run(workdir: str | Path, out: str | Path, step: int | None = None) ->
   from flax import nnx
   from safetensors.numpy import save_file
   from transformers import GenerationConfig
-  from diff_transformer.interop.hf_tokenizer import hf_tokenizer
-  from diff_transformer.training.checkpoint import restore_model
   tokenizer = hf_tokenizer(record, workdir)  # a tokenizer it cannot convert exactly: refused now
   model, _, step = restore_model(workdir, step=step)
   _, params, constants = nnx.split(model, nnx.Param, ...)

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
+
+from diff_transformer import cli
+from diff_transformer.interop import InteropError, require
 
 
 def _check_workdir(argv: list[str]) -> None:
   """One line for a --model_args workdir that is not a run, before lm-eval starts its work."""
-  from pathlib import Path
   args = [a.split("=", 1)[1] for a in argv if a.startswith("--model_args=")]
   args += [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--model_args"]
   for text in args:
@@ -20,9 +23,7 @@ def _check_workdir(argv: list[str]) -> None:
 
 
 def main() -> None:
-  from diff_transformer import cli
   cli.default_platform()
-  from diff_transformer.interop import InteropError, require
   try:
     require("lm_eval")
   except InteropError as e:

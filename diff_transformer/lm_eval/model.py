@@ -11,6 +11,7 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import lm_eval.models  # noqa: F401  (lm-eval's own models register only into an empty registry)
 from flax import nnx
@@ -19,8 +20,12 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
+from diff_transformer.data.tokenizer import load_tokenizer
+from diff_transformer.errors import EvalError
 from diff_transformer.evaluation import decoding
-from diff_transformer.evaluation.common import EvalError, Fns, pad_rows
+from diff_transformer.evaluation.common import Fns, pad_rows
+from diff_transformer.training.checkpoint import TOKENIZER_RECORD, restore_model
+from diff_transformer.training.mesh import batch_sharding, data_parallel_size, make_mesh
 
 LENGTH_BUCKET = 64  # rows are padded to a multiple of this (fewer compiled shapes)
 
@@ -44,10 +49,6 @@ class DiffTransformerLM(TemplateLM):
                max_gen_toks: int | str = 256, max_length: int | str | None = None,
                seed: int | str = 0, **kwargs):
     super().__init__()
-    import ml_collections
-    from diff_transformer.data.tokenizer import load_tokenizer
-    from diff_transformer.training.checkpoint import TOKENIZER_RECORD, restore_model
-    from diff_transformer.training.mesh import batch_sharding, data_parallel_size, make_mesh
     self.workdir = Path(workdir)
     step = None if step in (None, "") else int(step)
     mesh = make_mesh(ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1)),

@@ -41,14 +41,12 @@ class KVCache:
     return self.k.shape[0] * (math.prod(self.k.shape[3:]) + math.prod(self.v.shape[3:]))
 
 
-def layout(spec) -> tuple[tuple[int, int], tuple[int, int]]:
-  """((key heads, key width), (value heads, value width)) cached per layer and token."""
-  from diff_transformer.model.attention import VARIANTS
-  return VARIANTS[spec.variant].cache_layout(spec)
+Layout = tuple[tuple[int, int], tuple[int, int]]  # ((key heads, width), (value heads, width))
 
 
-def init(spec, batch: int, max_len: int) -> KVCache:
-  (kh, kw), (vh, vw) = layout(spec)
+def init(spec, layout: Layout, batch: int, max_len: int) -> KVCache:
+  """Empty arrays for `layout`, the variant's `Attention.cache_layout(spec)`."""
+  (kh, kw), (vh, vw) = layout
   shape = (spec.num_layers, batch, max_len)
   conv_width = max(spec.short_conv - 1, 0)
   return KVCache(k=jnp.zeros(shape + (kh, kw), spec.compute_dtype),

@@ -6,13 +6,14 @@ import jax.numpy as jnp
 from flax import nnx
 
 from diff_transformer.model import cache as kv_cache
-from diff_transformer.model.attention import VARIANTS
+from diff_transformer.model.attention import variant_class
 from diff_transformer.model.layers import RMSNorm, ShortConv, SwiGLU, dense
 from diff_transformer.model.spec import ModelSpec
-from diff_transformer.sharding import constrain
+from diff_transformer.sharding import (ACT_EMBED, BATCH, EMBED, LAYERS, LENGTH, VOCAB,
+                                       constrain)
 
 Array = jax.Array
-ACT = ("batch", "length", "act_embed")
+ACT = (BATCH, LENGTH, ACT_EMBED)
 
 
 class Block(nnx.Module):
@@ -22,17 +23,23 @@ class Block(nnx.Module):
   def __init__(self, spec: ModelSpec, layer_idx, *, rngs: nnx.Rngs):
     self.attn_norm = RMSNorm(spec.d_model)
     self.conv = ShortConv(spec.d_model, spec.short_conv, rngs=rngs) if spec.short_conv else None
-    self.attn = VARIANTS[spec.variant](spec, layer_idx, rngs=rngs)
+    self.attn = variant_class(spec.variant)(spec, layer_idx, rngs=rngs)
     self.mlp_norm = RMSNorm(spec.d_model)
     self.mlp = SwiGLU(spec.d_model, spec.ffn_dim, dtype=spec.compute_dtype, std=spec.init_std,
                       rngs=rngs)
 
-  def __call__(self, x_BTD, positions_BT, segment_ids_BT, capture: bool = False):
+  def __call__(self, x_BTD, positions_BT, segment_ids_BT, capture: bool = False,
+               metric_weights_BT=None):
+    """(output, aux): aux is the analysis tensors with capture, the attention's training
+    metrics with metric_weights_BT, else None."""
     attn_in_BTD = self.attn_norm(x_BTD)
     if self.conv is not None:
       attn_in_BTD = self.conv(attn_in_BTD, segment_ids_BT)
     aux = None
-    if capture:
+    if metric_weights_BT is not None:
+      y_BTD, aux = self.attn(attn_in_BTD, positions_BT, segment_ids_BT,
+                             metric_weights_BT=metric_weights_BT)
+    elif capture:
       y_BTD, maps = self.attn(attn_in_BTD, positions_BT, segment_ids_BT, return_maps=True)
       aux = dict(hidden=x_BTD, attn_in=attn_in_BTD, **maps)
     else:
@@ -62,41 +69,44 @@ def _remat_policy(name: str):
 class Decoder(nnx.Module):
   def __init__(self, spec: ModelSpec, *, rngs: nnx.Rngs):
     self.spec = spec
-    init = nnx.with_partitioning(nnx.initializers.normal(spec.init_std), ("vocab", "embed"))
+    init = nnx.with_partitioning(nnx.initializers.normal(spec.init_std), (VOCAB, EMBED))
     self.embed = nnx.Embed(spec.vocab_size, spec.d_model, dtype=spec.compute_dtype,
                            param_dtype=jnp.float32, embedding_init=init, rngs=rngs)
 
     @nnx.split_rngs(splits=spec.num_layers)
-    @nnx.vmap(in_axes=(0, 0), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
+    @nnx.vmap(in_axes=(0, 0), out_axes=0, transform_metadata={nnx.PARTITION_NAME: LAYERS})
     def make_blocks(rngs, layer_idx):
       return Block(spec, layer_idx, rngs=rngs)
 
     self.blocks = make_blocks(rngs, jnp.arange(spec.num_layers))
     self.final_norm = RMSNorm(spec.d_model)
     if not spec.tie_embeddings:
-      self.lm_head = dense(spec.d_model, spec.vocab_size, ("embed", "vocab"),
+      self.lm_head = dense(spec.d_model, spec.vocab_size, (EMBED, VOCAB),
                            dtype=spec.compute_dtype, std=spec.init_std, rngs=rngs)
 
   def __call__(self, tokens_BT: Array, positions_BT: Array | None = None,
-               segment_ids_BT: Array | None = None, *, capture: bool = False):
+               segment_ids_BT: Array | None = None, *, capture: bool = False,
+               metric_weights_BT: Array | None = None):
     """float32 logits [B, T, V]; with capture=True also per-layer stacked analysis tensors
-    (hidden states, attention inputs, A1/A2/lambda maps), each with a leading L axis."""
+    (hidden states, attention inputs, A1/A2/lambda maps), with metric_weights_BT (the real
+    tokens) the attention's training metrics (e.g. lambda), each with a leading L axis."""
     if positions_BT is None:
       positions_BT = jnp.broadcast_to(jnp.arange(tokens_BT.shape[1]), tokens_BT.shape)
     x_BTD = constrain(self.embed(tokens_BT), ACT)
 
     def body(x_BTD, block):
-      return block(x_BTD, positions_BT, segment_ids_BT, capture)
+      return block(x_BTD, positions_BT, segment_ids_BT, capture, metric_weights_BT)
 
     if self.spec.remat != "none":
       body = nnx.remat(body, policy=_remat_policy(self.spec.remat))
     x_BTD, aux = nnx.scan(body, in_axes=(nnx.Carry, 0), out_axes=(nnx.Carry, 0))(x_BTD, self.blocks)
     logits_BTV = self._logits(x_BTD)
-    return (logits_BTV, aux) if capture else logits_BTV
+    return (logits_BTV, aux) if capture or metric_weights_BT is not None else logits_BTV
 
   def init_cache(self, batch: int, max_len: int) -> kv_cache.KVCache:
     """An empty KV cache for `batch` rows of up to `max_len` tokens (see model/cache.py)."""
-    return kv_cache.init(self.spec, batch, max_len)
+    return kv_cache.init(self.spec, variant_class(self.spec.variant).cache_layout(self.spec),
+                         batch, max_len)
 
   def decode(self, tokens_BT: Array, cache: kv_cache.KVCache, lengths_B: Array | None = None
              ) -> tuple[Array, kv_cache.KVCache]:
@@ -133,4 +143,4 @@ class Decoder(nnx.Module):
       logits_BTV = self.embed.attend(x_BTD)
     else:
       logits_BTV = self.lm_head(x_BTD)
-    return constrain(logits_BTV.astype(jnp.float32), ("batch", "length", "vocab"))
+    return constrain(logits_BTV.astype(jnp.float32), (BATCH, LENGTH, VOCAB))

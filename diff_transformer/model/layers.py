@@ -5,6 +5,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from diff_transformer.sharding import EMBED, MLP, NORM
+
 Array = jax.Array
 NORM_EPS = 1e-5
 
@@ -32,7 +34,7 @@ def rms_normalize(x: Array, scale: Array | None, eps: float = NORM_EPS) -> Array
 
 
 class RMSNorm(nnx.Module):
-  def __init__(self, dim: int, names: tuple[str, ...] = ("norm",)):
+  def __init__(self, dim: int, names: tuple[str, ...] = (NORM,)):
     self.scale = nnx.Param(jnp.ones((dim,), jnp.float32), out_sharding=names)
 
   def __call__(self, x: Array) -> Array:
@@ -43,9 +45,9 @@ class SwiGLU(nnx.Module):
   """(silu(x W_g) * (x W_1)) W_2, no biases."""
 
   def __init__(self, d_model: int, ffn_dim: int, *, dtype, std: float, rngs: nnx.Rngs):
-    self.gate = dense(d_model, ffn_dim, ("embed", "mlp"), dtype=dtype, std=std, rngs=rngs)
-    self.up = dense(d_model, ffn_dim, ("embed", "mlp"), dtype=dtype, std=std, rngs=rngs)
-    self.down = dense(ffn_dim, d_model, ("mlp", "embed"), dtype=dtype, std=std, rngs=rngs)
+    self.gate = dense(d_model, ffn_dim, (EMBED, MLP), dtype=dtype, std=std, rngs=rngs)
+    self.up = dense(d_model, ffn_dim, (EMBED, MLP), dtype=dtype, std=std, rngs=rngs)
+    self.down = dense(ffn_dim, d_model, (MLP, EMBED), dtype=dtype, std=std, rngs=rngs)
 
   def __call__(self, x_BTD: Array) -> Array:
     return self.down(jax.nn.silu(self.gate(x_BTD)) * self.up(x_BTD))
@@ -55,9 +57,9 @@ def rope(x_BTNH: Array, positions_BT: Array, theta: float, pairs: str = "interle
   """Rotary embedding of every H-wide head. interleaved: pairs (2i, 2i+1) as the official code;
   half: pairs (i, i + H/2) as LLaMA/HF (a weight permutation of the same model)."""
   width = x_BTNH.shape[-1]
-  freq_K = theta ** (-jnp.arange(0, width, 2, dtype=jnp.float32) / width)
-  angle_BTK = positions_BT[..., None].astype(jnp.float32) * freq_K[None, None]
-  cos, sin = jnp.cos(angle_BTK)[:, :, None], jnp.sin(angle_BTK)[:, :, None]
+  freq_P = theta ** (-jnp.arange(0, width, 2, dtype=jnp.float32) / width)
+  angle_BTP = positions_BT[..., None].astype(jnp.float32) * freq_P[None, None]
+  cos, sin = jnp.cos(angle_BTP)[:, :, None], jnp.sin(angle_BTP)[:, :, None]
   x = x_BTNH.astype(jnp.float32)
   if pairs == "interleaved":
     x1, x2 = x[..., 0::2], x[..., 1::2]
@@ -79,7 +81,7 @@ class ShortConv(nnx.Module):
     self.width = width
     init = nnx.initializers.normal(1.0 / width ** 0.5)
     self.weight = nnx.Param(init(rngs.params(), (width, d_model), jnp.float32),
-                            out_sharding=(None, "norm"))
+                            out_sharding=(None, NORM))
 
   def __call__(self, x_BTD: Array, segment_ids_BT: Array | None = None) -> Array:
     w_WD = self.weight[...].astype(x_BTD.dtype)

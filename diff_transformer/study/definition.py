@@ -11,7 +11,9 @@ from typing import Callable
 
 import ml_collections
 
-from diff_transformer.config import VARIANTS, ConfigError, validate
+from diff_transformer.config import validate
+from diff_transformer.errors import ConfigError
+from diff_transformer.model.attention import variant_names
 
 BASELINE = "transformer"
 
@@ -21,7 +23,7 @@ class Study:
   name: str
   make: Callable[[str], ml_collections.ConfigDict]  # variant -> full config
   seeds: tuple[int, ...] = (0, 1, 2)
-  variants: tuple[str, ...] = VARIANTS
+  variants: tuple[str, ...] = variant_names()  # the built-in variants
   eval_rows: int = 512  # eval-split rows per task slice
   attention_rows: int = 32
   # --quick: these seeds and flat config overrides ("train.steps": 200), passed to every run.
@@ -64,10 +66,10 @@ class Study:
     if not self.seeds or len(set(self.seeds)) != len(self.seeds):
       raise ConfigError(f"study {self.name}: seeds must be distinct and non-empty, got "
                         f"{self.seeds}")
-    unknown = [v for v in self.variants if v not in VARIANTS]
+    unknown = [v for v in self.variants if v not in variant_names()]
     if unknown or not self.variants:
-      raise ConfigError(f"study {self.name}: variants must be a non-empty subset of {VARIANTS}, "
-                        f"got {self.variants}")
+      raise ConfigError(f"study {self.name}: variants must be a non-empty subset of "
+                        f"{variant_names()}, got {self.variants}")
     if self.eval_rows <= 0 or self.attention_rows <= 0:
       raise ConfigError(f"study {self.name}: eval_rows and attention_rows must be positive")
     for point in self.points():

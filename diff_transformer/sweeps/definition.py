@@ -12,8 +12,9 @@ from typing import Callable
 
 import ml_collections
 
-from diff_transformer.config import VARIANTS, ConfigError, validate
-from diff_transformer.errors import UserError
+from diff_transformer.config import validate
+from diff_transformer.errors import ConfigError, UserError
+from diff_transformer.model.attention import variant_names
 
 
 class SweepError(UserError, RuntimeError):
@@ -27,7 +28,7 @@ class Sweep:
   sizes: dict[str, Callable[[str], ml_collections.ConfigDict]]
   # budget name -> training steps (tokens = steps * global_batch_size * seq_len)
   budgets: dict[str, int]
-  variants: tuple[str, ...] = VARIANTS
+  variants: tuple[str, ...] = variant_names()  # the built-in variants
   # Explicit (size, budget) pairs to run; default: every size at every budget.
   grid: tuple[tuple[str, str], ...] = ()
 
@@ -62,9 +63,10 @@ class Sweep:
       if size not in self.sizes or budget not in self.budgets:
         raise ConfigError(f"sweep {self.name}: grid entry ({size}, {budget}) names an unknown "
                           "size or budget")
-    unknown = [v for v in self.variants if v not in VARIANTS]
+    unknown = [v for v in self.variants if v not in variant_names()]
     if unknown:
-      raise ConfigError(f"sweep {self.name}: unknown variant(s) {unknown}; choose from {VARIANTS}")
+      raise ConfigError(f"sweep {self.name}: unknown variant(s) {unknown}; choose from "
+                        f"{variant_names()}")
     for point in self.points():
       try:
         validate(self.get_config(point))
@@ -75,11 +77,3 @@ class Sweep:
 
 def tokens(config: ml_collections.ConfigDict) -> int:
   return config.train.steps * config.train.global_batch_size * config.data.seq_len
-
-
-def preset_size(preset_size: str) -> Callable[[str], ml_collections.ConfigDict]:
-  """A size backed by configs/scaling.py: '<variant>-<preset_size>'."""
-  def make(variant: str) -> ml_collections.ConfigDict:
-    from configs import scaling
-    return scaling.get_config(f"{variant}-{preset_size}")
-  return make

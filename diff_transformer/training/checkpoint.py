@@ -31,9 +31,11 @@ import jax
 import ml_collections
 import orbax.checkpoint as ocp
 
-from diff_transformer.config import validate
-from diff_transformer.errors import last_line, message_lines, read_json
-from diff_transformer.training.mesh import TrainError
+from diff_transformer.config import base_config, validate
+from diff_transformer.data import assert_compatible, describe
+from diff_transformer.data.tokenizer import load_tokenizer
+from diff_transformer.errors import DataError, TrainError, last_line, message_lines, read_json
+from diff_transformer.training.mesh import make_mesh
 from diff_transformer.training.step import State, Trainer, fingerprint
 
 CONFIG_FILE = "config.json"
@@ -74,7 +76,6 @@ def _settle_failed_reads() -> None:
 # ---- the run record ------------------------------------------------------------------------
 def write_run_record(workdir: Path, config: ml_collections.ConfigDict, dataset) -> None:
   """Writes config.json and the tokenizer record (process 0 only)."""
-  from diff_transformer.data import describe
   if jax.process_index() != 0:
     return
   workdir.mkdir(parents=True, exist_ok=True)
@@ -94,7 +95,6 @@ def read_config(workdir: Path) -> ml_collections.ConfigDict | None:
   path = Path(workdir) / CONFIG_FILE
   if not path.is_file():
     return None
-  from diff_transformer.config import base_config
   config = base_config()
   values = read_json(path, TrainError)
   if not isinstance(values, dict):
@@ -139,8 +139,6 @@ def changed_batch_size(workdir: Path, config: ml_collections.ConfigDict) -> tupl
 
 def check_tokenizer_record(workdir: Path, tokenizer=None) -> dict:
   """The recorded tokenizer, checked against `tokenizer` or against the workdir's own copy."""
-  from diff_transformer.data import assert_compatible, DataError
-  from diff_transformer.data.tokenizer import load_tokenizer
   path = Path(workdir) / TOKENIZER_RECORD
   if not path.is_file():
     raise TrainError(f"{path}: missing; {workdir} is not a training workdir")
@@ -366,7 +364,6 @@ def restore_model(workdir: str | Path, step: int | None = None,
   otherwise against the workdir's own tokenizer copy. Uses the newest readable checkpoint unless
   `step` is given.
   """
-  from diff_transformer.training.mesh import make_mesh
   workdir = Path(workdir)
   config = read_config(workdir)
   if config is None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from diff_transformer.training.checkpoint import Checkpointer
-from diff_transformer.training.mesh import TrainError
+from diff_transformer.errors import TrainError
 
 SET_ASIDE = "diverged_checkpoints"
 _MEAN_DECAY = 0.9  # the running mean follows roughly the last 10 checked losses

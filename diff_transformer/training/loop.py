@@ -20,10 +20,13 @@ import jax
 import ml_collections
 import numpy as np
 
+from diff_transformer import data
+from diff_transformer.errors import TrainError
+from diff_transformer.interop import hf_import
+from diff_transformer.model.spec import ModelSpec
 from diff_transformer.training import checkpoint as ckpt_lib
 from diff_transformer.training.guard import DivergenceGuard
-from diff_transformer.training.mesh import (TrainError, check_parallelism, global_batch,
-                                            make_mesh)
+from diff_transformer.training.mesh import check_parallelism, global_batch, make_mesh
 from diff_transformer.training.metrics import (MetricsLogger, expand_layers,
                                                peak_tflops_per_device, train_flops_per_token)
 from diff_transformer.training.step import Trainer
@@ -87,7 +90,6 @@ def _exit_now(checkpointer: ckpt_lib.Checkpointer, lock: WorkdirLock | None) -> 
 def evaluate(trainer: Trainer, state, dataset, config: ml_collections.ConfigDict, mesh) -> dict:
   """Validation loss, perplexity and argmax accuracy over the weighted tokens (the answers on
   synthetic tasks) of up to train.eval_batches held-out batches."""
-  from diff_transformer import data
   t = config.train
   batch_size = t.global_batch_size // t.micro_batches  # the size a step already fits in memory
   nll, tokens, correct = 0.0, 0.0, 0.0
@@ -107,7 +109,6 @@ def evaluate(trainer: Trainer, state, dataset, config: ml_collections.ConfigDict
 def _import_hf(trainer: Trainer, state, folder: str, checkpointer, iterator):
   """The fresh state with its parameters read from an HF folder, saved as checkpoint step 0 (so
   the imported weights are on record and eval.py can read them)."""
-  from diff_transformer.interop import hf_import
   params = hf_import.import_params(trainer.spec, folder)
   state = hf_import.into_state(state, params, folder)
   checkpointer.save(0, state, iterator)
@@ -134,7 +135,6 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
 
 
 def _train(config: ml_collections.ConfigDict, workdir: Path, lock: WorkdirLock | None) -> dict:
-  from diff_transformer import data
   t = config.train
   dataset = data.load_dataset(config.data, seq_len=config.data.seq_len)
   if config.model.vocab_multiple:  # rows from the tokenizer (config.py); recorded as padding
@@ -146,8 +146,6 @@ def _train(config: ml_collections.ConfigDict, workdir: Path, lock: WorkdirLock |
   ckpt_lib.check_run_record(workdir, config, dataset.tokenizer)
   if config.init_from_hf and not any((workdir / "checkpoints").glob("*")):
     # A new run from an HF folder: one line about a wrong folder before any state is built.
-    from diff_transformer.interop import hf_import
-    from diff_transformer.model.spec import ModelSpec
     hf_import.check_folder(ModelSpec.from_config(config.model), config.init_from_hf)
   batch_change = ckpt_lib.changed_batch_size(workdir, config)
   mesh = make_mesh(config.mesh)
@@ -214,12 +212,8 @@ def _train(config: ml_collections.ConfigDict, workdir: Path, lock: WorkdirLock |
           seconds = (now - window_time) / window_steps
           rate = dict(tokens_per_s=tokens_per_step / seconds,
                       mfu=flops_per_step / seconds / peak_flops)
-        lam_L = values.pop("lambda", None)
-        if lam_L is not None:
-          values |= expand_layers("lambda", lam_L)
-        lam = trainer.lambda_stats(state, batch)
-        if lam is not None:
-          values |= expand_layers("lambda", jax.device_get(lam))
+        for name, per_layer in values.pop("layers").items():
+          values |= expand_layers(name, per_layer)
         values |= dict(perplexity=math.exp(min(float(values["loss"]), 80.0)), **rate)
         logger.write(step, values)
         logger.progress(step, values)

@@ -13,13 +13,9 @@ import ml_collections
 import numpy as np
 from jax.sharding import NamedSharding
 
-from diff_transformer.config import num_kv_heads
-from diff_transformer.errors import UserError
-from diff_transformer.sharding import MESH_AXES, logical_to_spec
-
-
-class TrainError(UserError, RuntimeError):
-  """A training failure the user can act on; the message is one line."""
+from diff_transformer.errors import TrainError
+from diff_transformer.model.spec import ModelSpec
+from diff_transformer.sharding import BATCH, LENGTH, MESH_AXES, logical_to_spec
 
 
 def detect_cluster() -> str | None:
@@ -108,14 +104,15 @@ def check_parallelism(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh
   if m.num_heads % tp:
     raise TrainError(f"model.num_heads: {m.num_heads} heads are not divisible by mesh.tensor = "
                      f"{tp}")
-  if num_kv_heads(m) % tp:
-    raise TrainError(f"model.num_kv_heads: {num_kv_heads(m)} kv heads are not divisible by "
+  kv_heads = ModelSpec.from_config(m).kv_heads
+  if kv_heads % tp:
+    raise TrainError(f"model.num_kv_heads: {kv_heads} kv heads are not divisible by "
                      f"mesh.tensor = {tp}")
 
 
 def batch_sharding(mesh: jax.sharding.Mesh) -> NamedSharding:
   """Rows over the data-parallel axes (the 'batch' rule), sequence replicated."""
-  return NamedSharding(mesh, logical_to_spec(("batch", "length")))
+  return NamedSharding(mesh, logical_to_spec((BATCH, LENGTH)))
 
 
 def global_batch(mesh: jax.sharding.Mesh, local_batch: dict[str, np.ndarray]

@@ -3,8 +3,9 @@
 FLOPs follow MaxText's accounting: 6 FLOPs per weight per token for the matmul weights (forward
 2, backward 4; the embedding lookup is not a matmul, the LM head is), plus the attention score
 and value matmuls, halved because causal attention computes only the lower triangle, times 3
-for forward + backward. Differential variants count what their kernels execute: two softmax maps
-per head, each with its QK^T and its product with V.
+for forward + backward. Each variant states its attention FLOPs (`Attention.attention_flops`):
+differential variants count what their kernels execute, two softmax maps per head, each with its
+QK^T and its product with V.
 """
 from __future__ import annotations
 
@@ -16,7 +17,10 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from diff_transformer.errors import TrainError
+from diff_transformer.model.attention import variant_class
 from diff_transformer.model.spec import ModelSpec
+from diff_transformer.params import abstract_model, param_shapes
 
 # Dense bf16 peak TFLOP/s per device by jax device_kind (first matching substring wins).
 PEAK_TFLOPS = (
@@ -44,7 +48,6 @@ def peak_tflops_per_device(configured: float = 0.0) -> float:
   for key, value in PEAK_TFLOPS:
     if key in device.device_kind:
       return value
-  from diff_transformer.training.mesh import TrainError
   raise TrainError(f"train.peak_tflops: unknown device kind '{device.device_kind}'; set the "
                    "per-device peak TFLOP/s in the config")
 
@@ -52,7 +55,6 @@ def peak_tflops_per_device(configured: float = 0.0) -> float:
 def matmul_params(spec: ModelSpec) -> int:
   """Weights that take part in a matmul per token: every kernel, the LM head (tied: the
   embedding, used as the head); not the embedding lookup, norm gains or lambda vectors."""
-  from diff_transformer.params import abstract_model, param_shapes
   total = 0
   for name, shape in param_shapes(abstract_model(spec)).items():
     if name.endswith("kernel"):
@@ -64,14 +66,7 @@ def matmul_params(spec: ModelSpec) -> int:
 
 def attention_flops_per_token(spec: ModelSpec, seq_len: int) -> float:
   """Forward attention-matmul FLOPs per token summed over layers, causal (halved)."""
-  h, d, T = spec.num_heads, spec.head_dim, seq_len
-  if spec.variant == "transformer":
-    per_layer = 2 * T * h * d * 2  # QK^T and AV, h heads of d
-  elif spec.variant in ("diff", "shared_diff"):
-    per_layer = 2 * T * h * d * 2 + 2 * T * h * (2 * d) * 2  # two maps: QK^T (d), AV (2d wide)
-  else:  # diff_v2: 2h query heads of d over shared K/V
-    per_layer = 2 * T * (2 * h) * d * 2
-  return 0.5 * per_layer * spec.num_layers
+  return 0.5 * variant_class(spec.variant).attention_flops(spec, seq_len) * spec.num_layers
 
 
 def train_flops_per_token(spec: ModelSpec, seq_len: int) -> float:

@@ -27,12 +27,12 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from diff_transformer.model import build_model
 from diff_transformer.model.spec import ModelSpec
 from diff_transformer.params import abstract_model
-from diff_transformer.sharding import LOGICAL_RULES, constrain, logical_to_spec
+from diff_transformer.sharding import BATCH, LENGTH, LOGICAL_RULES, constrain, logical_to_spec
+from diff_transformer.training import loss
 from diff_transformer.training.optim import learning_rate_schedule, make_optimizer
 
 State = dict[str, Any]
 Batch = dict[str, jax.Array]
-DIFF_V1_LIKE = ("diff", "shared_diff")
 
 
 def _dict_tail(path) -> tuple[str, ...]:
@@ -76,7 +76,7 @@ class Trainer:
                                donate_argnums=0)
     self._grads = jax.jit(self._grads_fn)
     self._eval_step = jax.jit(self._eval_step_fn)
-    self._lambda_stats = jax.jit(self._lambda_stats_fn)
+    self._logits = jax.jit(self._logits_fn)
 
   # ---- state and shardings -------------------------------------------------------------
   def _shardings(self, abstract_state: State) -> State:
@@ -104,7 +104,7 @@ class Trainer:
                 constants=nnx.to_pure_dict(constants), opt_state=self.tx.init(params))
 
   @contextlib.contextmanager
-  def _context(self):
+  def context(self):
     """The mesh plus the logical rules: nnx maps parameter names, constrain() activations."""
     with jax.set_mesh(self.mesh), nnx.logical_axis_rules(LOGICAL_RULES):
       yield
@@ -112,7 +112,7 @@ class Trainer:
   def init(self, seed: int | None = None) -> State:
     """A fresh sharded state; every array is created in place on its devices."""
     seed = int(self.config.train.seed if seed is None else seed)
-    with self._context():
+    with self.context():
       return self._init(seed)
 
   def model(self, state: State) -> nnx.Module:
@@ -121,120 +121,95 @@ class Trainer:
 
   # ---- loss ------------------------------------------------------------------------------
   def _loss_fn(self, params, constants, batch: Batch, total_weight):
-    """(objective, (nll sum, z sum, correct sum)); correct counts weighted targets that are the
-    argmax (answer accuracy on synthetic tasks, next-token accuracy on text). The objective is already divided by the whole batch's
-    token count, so gradients of micro-batches simply add up to the full batch's gradient."""
+    """(objective, ((nll sum, z sum, correct sum), layer metrics)) of one (micro-)batch; the
+    layer metrics (e.g. lambda, [L] each) come from the same forward as the logits."""
     model = nnx.merge(self.graphdef, params, constants)
-    logits_BTV = model(batch["inputs"], batch["positions"], batch["segment_ids"])
-    logz_BT = jax.nn.logsumexp(logits_BTV, axis=-1)
-    target_BT = jnp.take_along_axis(logits_BTV, batch["targets"][..., None], axis=-1)[..., 0]
-    w_BT = batch["weights"]
-    nll_sum = jnp.sum(w_BT * (logz_BT - target_BT))
-    z_sum = jnp.sum(w_BT * jnp.square(logz_BT))
-    correct_sum = jnp.sum(w_BT * (jnp.argmax(logits_BTV, axis=-1) == batch["targets"]))
-    objective = (nll_sum + self.z_loss * z_sum) / total_weight
-    return objective, (nll_sum, z_sum, correct_sum)
+    logits_BTV, layer_metrics = model(batch["inputs"], batch["positions"], batch["segment_ids"],
+                                      metric_weights_BT=batch["weights"])
+    sums = loss.token_sums(logits_BTV, batch["targets"], batch["weights"])
+    return loss.objective(sums[0], sums[1], self.z_loss, total_weight), (sums, layer_metrics)
 
   def _grads_fn(self, params, constants, batch: Batch):
-    """Gradients over the whole batch, accumulated over micro-batches with lax.scan."""
+    """Gradients over the whole batch, accumulated over micro-batches with lax.scan; layer
+    metrics are averaged over micro-batches weighted by their tokens."""
     total_weight = jnp.maximum(jnp.sum(batch["weights"]), 1.0)
     grad_fn = jax.value_and_grad(self._loss_fn, has_aux=True)
     m = self.micro_batches
     if m == 1:
-      (_, sums), grads = grad_fn(params, constants, batch, total_weight)
-      return grads, sums, total_weight
+      (_, (sums, layer_metrics)), grads = grad_fn(params, constants, batch, total_weight)
+      return grads, sums, layer_metrics, total_weight
 
     def split(x_BT):
       # Row j*m + i goes to micro-batch i: each device keeps its own rows (no resharding).
       x_JMT = x_BT.reshape(x_BT.shape[0] // m, m, *x_BT.shape[1:])
-      return constrain(jnp.swapaxes(x_JMT, 0, 1), (None, "batch", "length"))
+      return constrain(jnp.swapaxes(x_JMT, 0, 1), (None, BATCH, LENGTH))
 
     def body(carry, micro):
       g_acc, sums_acc = carry
-      (_, sums), g = grad_fn(params, constants, micro, total_weight)
-      return (jax.tree.map(jnp.add, g_acc, g), jax.tree.map(jnp.add, sums_acc, sums)), None
+      (_, (sums, layer_metrics)), g = grad_fn(params, constants, micro, total_weight)
+      weighted = jax.tree.map(lambda v: v * jnp.sum(micro["weights"]), layer_metrics)
+      return (jax.tree.map(jnp.add, g_acc, g), jax.tree.map(jnp.add, sums_acc, sums)), weighted
 
     zeros = jax.lax.with_sharding_constraint(jax.tree.map(jnp.zeros_like, params),
                                              self.param_shardings)
     init = (zeros, (jnp.zeros((), jnp.float32),) * 3)
-    (grads, sums), _ = jax.lax.scan(body, init, jax.tree.map(split, batch))
-    return grads, sums, total_weight
-
-  def _lambda_of_layers(self, params, constants) -> jax.Array | None:
-    """DIFF V1 / Shared DIFF: lambda [L] via each layer's attention lam() (parameters only)."""
-    if self.spec.variant not in DIFF_V1_LIKE:
-      return None
-    model = nnx.merge(self.graphdef, params, constants)
-    attn_def, attn_state = nnx.split(model.blocks.attn)
-    return jax.vmap(lambda s: nnx.merge(attn_def, s).lam())(attn_state)
+    (grads, sums), weighted_ML = jax.lax.scan(body, init, jax.tree.map(split, batch))
+    layer_metrics = jax.tree.map(lambda v: jnp.sum(v, axis=0) / total_weight, weighted_ML)
+    return grads, sums, layer_metrics, total_weight
 
   def _train_step_fn(self, state: State, batch: Batch) -> tuple[State, dict]:
     params = state["params"]
-    grads, (nll_sum, z_sum, correct_sum), total_weight = self._grads_fn(
+    grads, (nll_sum, z_sum, correct_sum), layer_metrics, total_weight = self._grads_fn(
         params, state["constants"], batch)
     updates, opt_state = self.tx.update(grads, state["opt_state"], params)
     metrics = dict(loss=nll_sum / total_weight, grad_norm=optax.tree.norm(grads),
                    lr=self.schedule(state["step"]), tokens=total_weight,
-                   accuracy=correct_sum / total_weight)
+                   accuracy=correct_sum / total_weight, layers=layer_metrics)
     if self.z_loss:
       metrics["z_loss"] = z_sum / total_weight
-    lam_L = self._lambda_of_layers(params, state["constants"])
-    if lam_L is not None:
-      metrics["lambda"] = lam_L
     new_state = dict(step=state["step"] + 1, params=optax.apply_updates(params, updates),
                      constants=state["constants"], opt_state=opt_state)
     return new_state, metrics
 
   def _eval_step_fn(self, params, constants, batch: Batch):
-    _, (nll_sum, _, correct_sum) = self._loss_fn(params, constants, batch, 1.0)
+    _, ((nll_sum, _, correct_sum), _) = self._loss_fn(params, constants, batch, 1.0)
     return nll_sum, jnp.sum(batch["weights"]), correct_sum
 
-  def _lambda_stats_fn(self, params, constants, batch: Batch) -> jax.Array:
-    """DIFF V2: the mean over real tokens and heads of each layer's lambda (sigmoid by default).
-
-    V2's lambda depends on the layer input, so this repeats the decoder's forward (embedding,
-    then the scanned blocks) and reads each block's attn.lam(attn_norm(x)) on the way.
-    """
+  def _logits_fn(self, params, constants, batch: Batch) -> jax.Array:
     model = nnx.merge(self.graphdef, params, constants)
-    w_BT = batch["weights"]
-    x_BTD = model.embed(batch["inputs"])
-
-    def body(x_BTD, block):
-      lam = block.attn.lam(block.attn_norm(x_BTD))
-      lam_BTN = jnp.broadcast_to(lam, x_BTD.shape[:2] + (self.spec.num_heads,))
-      mean = jnp.sum(lam_BTN * w_BT[..., None]) / jnp.maximum(
-          jnp.sum(w_BT) * self.spec.num_heads, 1.0)
-      x_BTD, _ = block(x_BTD, batch["positions"], batch["segment_ids"])
-      return x_BTD, mean
-
-    _, mean_L = nnx.scan(body, in_axes=(nnx.Carry, 0), out_axes=(nnx.Carry, 0))(
-        x_BTD, model.blocks)
-    return mean_L
+    return model(batch["inputs"], batch.get("positions"), batch.get("segment_ids"))
 
   # ---- public entry points (run under the mesh so activation constraints apply) -----------
   def train_step(self, state: State, batch: Batch) -> tuple[State, dict]:
-    with self._context():
+    """(new state, metrics): loss, grad_norm, lr, tokens, accuracy, [z_loss], and `layers`,
+    the attention's per-layer metrics ({name: [L]}, e.g. lambda; see Attention.metrics)."""
+    with self.context():
       return self._train_step(state, batch)
+
+  def lower_train_step(self, batch: Batch) -> jax.stages.Lowered:
+    """The train step lowered for the abstract state and `batch` (arrays or
+    ShapeDtypeStructs): compile() it for AOT memory analysis without running anything."""
+    with self.context():
+      return self._train_step.lower(self.abstract_state, batch)
 
   def grads(self, state: State, batch: Batch):
     """(grads, mean loss) of one step without updating: for the sharding-equality tests."""
-    with self._context():
-      grads, (nll_sum, _, _), total_weight = self._grads(state["params"], state["constants"],
-                                                         batch)
+    with self.context():
+      grads, (nll_sum, _, _), _, total_weight = self._grads(state["params"],
+                                                            state["constants"], batch)
       return grads, nll_sum / total_weight
 
   def eval_step(self, state: State, batch: Batch):
     """(sum of token NLL, number of weighted tokens, number of those predicted exactly by the
     argmax) of one held-out batch."""
-    with self._context():
+    with self.context():
       return self._eval_step(state["params"], state["constants"], batch)
 
-  def lambda_stats(self, state: State, batch: Batch) -> jax.Array | None:
-    """Per-layer DIFF V2 lambda mean on this batch (None for other variants)."""
-    if self.spec.variant != "diff_v2" or self.spec.v2_lambda == "none":
-      return None
-    with self._context():
-      return self._lambda_stats(state["params"], state["constants"], batch)
+  def logits(self, state: State, batch: Batch) -> jax.Array:
+    """float32 logits [B, T, V] of the state's model on batch["inputs"] (positions and
+    segment_ids optional): for analysis of a trained state (checkpoint.restore gives one)."""
+    with self.context():
+      return self._logits(state["params"], state["constants"], batch)
 
 
 @functools.lru_cache(maxsize=None)

@@ -15,7 +15,7 @@ import socket
 import time
 from pathlib import Path
 
-from diff_transformer.training.mesh import TrainError
+from diff_transformer.errors import TrainError
 
 LOCK_FILE = "train.lock"
 

@@ -3,6 +3,12 @@
 A variant subclasses `Attention` and defines `project` (inputs to the kernel contract of
 kernels/common.py, RoPE applied) and `output` (heads back to d_model). Everything else (kernel
 choice, packing masks, attention maps for analysis, KV-cache decoding) lives here once.
+
+What the rest of the code asks of a variant is a class method here, overridden where the variant
+differs: its head rule (`heads_for`, `query_heads`), its config checks (`check`, raising
+ConfigError), its attention FLOPs, its KV-cache layout and its training metrics (`metrics`).
+Adding a variant is its module plus one entry in the registry (model/attention/__init__.py).
+docs/semantics.md states each variant's semantics and the tensor-name legend (x_BTD, o_BTNH).
 """
 from __future__ import annotations
 
@@ -14,6 +20,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from diff_transformer import kernels
+from diff_transformer.errors import ConfigError
 from diff_transformer.kernels import reference
 from diff_transformer.model import cache as kv_cache
 from diff_transformer.model.layers import dense, rope
@@ -47,6 +54,11 @@ def lambda_init_value(layer_idx, constant: float | None):
 
 
 class Attention(nnx.Module):
+  # How the analysis suites name the map the variant attends with.
+  map_name = "A"
+  # Whether model.rank (a low-rank update width) applies; presets set it only then.
+  low_rank = False
+
   def __init__(self, spec: ModelSpec, layer_idx, *, rngs: nnx.Rngs):
     del layer_idx, rngs
     self.spec = spec
@@ -60,6 +72,35 @@ class Attention(nnx.Module):
     """((key heads, key width), (value heads, value width)) a KV cache keeps per token."""
     return (spec.kv_heads, spec.head_dim), (spec.kv_heads, spec.head_dim)
 
+  @classmethod
+  def heads_for(cls, d_model: int, head_dim: int) -> int:
+    """model.num_heads at width D and head width H in the papers' parameter-matched setups."""
+    return d_model // head_dim
+
+  @classmethod
+  def query_heads(cls, spec: ModelSpec) -> int:
+    """Query heads per kernel map; the kv heads must divide them (GQA groups)."""
+    return spec.num_heads
+
+  @classmethod
+  def check(cls, spec: ModelSpec) -> None:
+    """Raises ConfigError (one line naming the field) for settings this variant cannot build."""
+    if spec.num_heads * spec.head_dim != spec.d_model:
+      raise ConfigError(f"model.head_dim: num_heads * head_dim = {spec.num_heads * spec.head_dim}"
+                        f" must equal d_model = {spec.d_model} for {spec.variant}")
+
+  @classmethod
+  def attention_flops(cls, spec: ModelSpec, seq_len: int) -> float:
+    """Forward FLOPs per token of one layer's score and value matmuls against all `seq_len`
+    keys (callers halve it for causal attention): QK^T and AV for N query heads of width H."""
+    return 2 * seq_len * spec.num_heads * spec.head_dim * 2
+
+  def metrics(self, p: Projected, weights_BT: Array) -> dict[str, Array]:
+    """Scalars of this layer logged during training (e.g. lambda), from the forward's own
+    projections; `weights_BT` marks the real tokens."""
+    del p, weights_BT
+    return {}
+
   def project(self, x_BTD: Array, positions_BT: Array) -> Projected:
     raise NotImplementedError
 
@@ -67,8 +108,13 @@ class Attention(nnx.Module):
     raise NotImplementedError
 
   def __call__(self, x_BTD: Array, positions_BT: Array, segment_ids_BT: Array | None = None,
-               *, return_maps: bool = False):
+               *, return_maps: bool = False, metric_weights_BT: Array | None = None):
+    """The output [B, T, D]; with return_maps also the analysis maps, with metric_weights_BT
+    also this layer's `metrics` (the one forward computes both)."""
     p = self.project(x_BTD, positions_BT)
+    if metric_weights_BT is not None:
+      o_BTNH = self._attend(p.q1, p.k1, p.v, p.q2, p.k2, p.lam, segment_ids=segment_ids_BT)
+      return self.output(o_BTNH, p), self.metrics(p, metric_weights_BT)
     if return_maps:
       o_BTNH, maps = reference.attention_maps(p.q1, p.k1, p.v, p.q2, p.k2, p.lam,
                                               segment_ids=segment_ids_BT,

@@ -13,12 +13,15 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from diff_transformer.errors import ConfigError
 from diff_transformer.model.attention.base import (Attention, LayerConstant, Projected,
                                                    lambda_init_value)
 from diff_transformer.model.layers import rms_normalize
 
 
 class DiffAttention(Attention):
+  map_name = "A1 - lambda A2"
+
   def __init__(self, spec, layer_idx, *, rngs: nnx.Rngs):
     super().__init__(spec, layer_idx, rngs=rngs)
     D, h, K, d = spec.d_model, spec.num_heads, spec.kv_heads, spec.head_dim
@@ -37,6 +40,26 @@ class DiffAttention(Attention):
   def cache_layout(cls, spec):
     """2 h_kv keys ([K1; K2]) of width d and h_kv values of width 2d (model/cache.py)."""
     return (2 * spec.kv_heads, spec.head_dim), (spec.kv_heads, 2 * spec.head_dim)
+
+  @classmethod
+  def heads_for(cls, d_model, head_dim):
+    """h = D / 2d differential heads (each has two d-wide query sub-heads)."""
+    return d_model // (2 * head_dim)
+
+  @classmethod
+  def check(cls, spec):
+    if 2 * spec.num_heads * spec.head_dim != spec.d_model:
+      raise ConfigError(f"model.head_dim: 2 * num_heads * head_dim = "
+                        f"{2 * spec.num_heads * spec.head_dim} must equal d_model = {spec.d_model}")
+
+  @classmethod
+  def attention_flops(cls, spec, seq_len):
+    """Two maps per head: QK^T of width d each, and their products with the 2d-wide V."""
+    h, d = spec.num_heads, spec.head_dim
+    return 2 * seq_len * h * d * 2 + 2 * seq_len * h * (2 * d) * 2
+
+  def metrics(self, p, weights_BT):
+    return {"lambda": p.lam}
 
   def init_qk(self, rngs):
     s = self.spec

@@ -11,10 +11,43 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from diff_transformer.errors import ConfigError
 from diff_transformer.model.attention.base import Attention, Projected
 
 
 class DiffV2Attention(Attention):
+  map_name = "A1 - lambda A2"
+
+  @classmethod
+  def query_heads(cls, spec):
+    return 2 * spec.num_heads
+
+  @classmethod
+  def check(cls, spec):
+    super().check(spec)
+    if spec.v2_pairing not in ("interleaved", "halves"):
+      raise ConfigError(f"model.v2_pairing: '{spec.v2_pairing}' is not one of interleaved, halves")
+    if spec.v2_lambda not in ("sigmoid", "none", "linear"):
+      raise ConfigError(f"model.v2_lambda: '{spec.v2_lambda}' is not one of sigmoid, none, linear")
+    group = cls.query_heads(spec) // spec.kv_heads
+    if spec.v2_pairing == "interleaved" and group % 2:
+      raise ConfigError(f"model.num_kv_heads: 2h / h_kv = {group} query heads per kv group must "
+                        "be even so each (2j, 2j+1) pair shares its keys (or set v2_pairing=halves)")
+
+  @classmethod
+  def attention_flops(cls, spec, seq_len):
+    """2h query heads of width d over the shared K/V: QK^T and AV each."""
+    return 2 * seq_len * (2 * spec.num_heads) * spec.head_dim * 2
+
+  def metrics(self, p, weights_BT):
+    """lambda's mean over the real tokens and the h heads (sigmoid(lambda) by default)."""
+    if self.spec.v2_lambda == "none":
+      return {}
+    lam_BTN = p.lam if p.lam is not None else p.out_lam
+    h = self.spec.num_heads
+    total = jnp.sum(lam_BTN * weights_BT[..., None].astype(jnp.float32))
+    return {"lambda": total / jnp.maximum(jnp.sum(weights_BT) * h, 1.0)}
+
   def __init__(self, spec, layer_idx, *, rngs: nnx.Rngs):
     super().__init__(spec, layer_idx, rngs=rngs)
     D, h, K, d = spec.d_model, spec.num_heads, spec.kv_heads, spec.head_dim

@@ -7,10 +7,28 @@ as DIFF V1's); `lora` zeroes V^T so Q1 = Q2 and K1 = K2 at the start.
 """
 from __future__ import annotations
 
+from diff_transformer.errors import ConfigError
 from diff_transformer.model.attention.diff_v1 import DiffAttention
 
 
 class SharedDiffAttention(DiffAttention):
+  low_rank = True
+
+  @classmethod
+  def check(cls, spec):
+    # h = D / 2d; Shared DIFF's Table 3 rows allow d = D // 2h (rounded down), a documented
+    # deviation (configs/scaling.py), so 2hd may fall short of D.
+    if 2 * spec.num_heads * spec.head_dim > spec.d_model:
+      raise ConfigError(f"model.head_dim: 2 * num_heads * head_dim = "
+                        f"{2 * spec.num_heads * spec.head_dim} must not exceed d_model = "
+                        f"{spec.d_model}")
+    widest = min(spec.d_model, spec.kv_heads * spec.head_dim)
+    if not 1 <= spec.rank <= widest:
+      raise ConfigError(f"model.rank: must be in [1, {widest}] (the smallest projection side), "
+                        f"got {spec.rank}")
+    if spec.lowrank_init not in ("fan_in", "lora"):
+      raise ConfigError(f"model.lowrank_init: '{spec.lowrank_init}' is not one of fan_in, lora")
+
   def init_qk(self, rngs):
     s = self.spec
     D, r, q_width, k_width = s.d_model, s.rank, s.num_heads * s.head_dim, s.kv_heads * s.head_dim

@@ -1,0 +1,36 @@
+"""The training objective: next-token cross-entropy with an optional z-loss.
+
+Sums over weighted target tokens (weight 0 = padding, a cross-document target, or a position a
+synthetic task does not score); the trainer divides by the whole batch's weight, so the
+gradients of micro-batches add up to the full batch's gradient.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+
+
+def token_nll(logits_BTV: Array, targets_BT: Array) -> Array:
+  """float32 [B, T]: -log p(target) = logsumexp(logits) - logit of the target."""
+  logz_BT = jax.nn.logsumexp(logits_BTV, axis=-1)
+  return logz_BT - jnp.take_along_axis(logits_BTV, targets_BT[..., None], axis=-1)[..., 0]
+
+
+def token_sums(logits_BTV: Array, targets_BT: Array, weights_BT: Array
+               ) -> tuple[Array, Array, Array]:
+  """(nll sum, z sum, correct sum) over the weighted tokens; z = logsumexp(logits)^2 (the
+  z-loss term), correct counts the targets that are the argmax (answer accuracy on synthetic
+  tasks, next-token accuracy on text)."""
+  logz_BT = jax.nn.logsumexp(logits_BTV, axis=-1)
+  target_BT = jnp.take_along_axis(logits_BTV, targets_BT[..., None], axis=-1)[..., 0]
+  nll_sum = jnp.sum(weights_BT * (logz_BT - target_BT))
+  z_sum = jnp.sum(weights_BT * jnp.square(logz_BT))
+  correct_sum = jnp.sum(weights_BT * (jnp.argmax(logits_BTV, axis=-1) == targets_BT))
+  return nll_sum, z_sum, correct_sum
+
+
+def objective(nll_sum: Array, z_sum: Array, z_loss: float, total_weight: Array) -> Array:
+  """What the optimiser minimises: (NLL + z_loss * z) per token of the whole batch."""
+  return (nll_sum + z_loss * z_sum) / total_weight

@@ -1,0 +1,112 @@
+"""The import graph tells the truth: no cycles among the library's modules, no arrow from the
+library up into configs/, function-level imports only with a comment saying what they avoid, no
+reach into another module's private names, and no reference to files outside the repository."""
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "diff_transformer"
+# Code that ships or runs (tests may poke at internals).
+SOURCES = sorted([*PACKAGE.rglob("*.py"), *(ROOT / "configs").rglob("*.py"),
+                  *(ROOT / "benchmarks").rglob("*.py"), *(ROOT / "tools").rglob("*.py"),
+                  *ROOT.glob("*.py")])
+OWN = ("diff_transformer", "configs")
+# Attribute names that look private but are another library's documented interface.
+FOREIGN_INTERFACE = {"_exit",  # os._exit: leave at once, skipping cleanup handlers
+                     "_attn_implementation"}  # transformers' attention-backend switch
+
+
+def module_name(path: Path) -> str:
+  parts = path.relative_to(ROOT).with_suffix("").parts
+  return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in SOURCES if p.is_relative_to(PACKAGE)}
+
+
+def imports(path: Path):
+  """(imported module, line number, is function-level) for each own-module import in `path`."""
+  tree = ast.parse(path.read_text())
+  nested = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+            for n in ast.walk(f) if n is not f}
+  here = module_name(path)
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import):
+      targets = [a.name for a in node.names]
+    elif isinstance(node, ast.ImportFrom):
+      base = node.module or ""
+      if node.level:  # relative import
+        package = here.split(".")[:len(here.split(".")) - node.level + (path.name == "__init__.py")]
+        base = ".".join([*package, *([base] if base else [])])
+      # `from package import submodule` depends on the submodule itself.
+      targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
+    else:
+      continue
+    for target in targets:
+      if target.split(".")[0] in OWN:
+        yield target, node.lineno, id(node) in nested
+
+
+def test_no_import_cycle():
+  graph = {m: {t for t, _, _ in imports(p) if t in MODULES and t != m} for m, p in MODULES.items()}
+  state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+  cycles = []
+
+  def visit(m, path):
+    state[m] = 1
+    for t in sorted(graph[m]):
+      if state.get(t) == 1:
+        cycles.append(" -> ".join(path[path.index(t):] + [t]))
+      elif t not in state:
+        visit(t, path + [t])
+    state[m] = 2
+
+  for m in sorted(graph):
+    if m not in state:
+      visit(m, [m])
+  assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def test_library_never_imports_configs():
+  for m, p in MODULES.items():
+    for target, line, _ in imports(p):
+      assert not target.startswith("configs"), f"{p}:{line}: the library imports {target}"
+
+
+def test_function_level_imports_say_why():
+  unexplained = []
+  for p in SOURCES:
+    lines = p.read_text().splitlines()
+    for target, line, nested in imports(p):
+      if nested and not ("#" in lines[line - 1] or lines[line - 2].strip().startswith("#")):
+        unexplained.append(f"{p.relative_to(ROOT)}:{line}: {target}")
+  assert not unexplained, ("function-level imports without a comment saying what they avoid:\n"
+                           + "\n".join(unexplained))
+
+
+def test_no_private_access_across_modules():
+  for p in SOURCES:
+    tree = ast.parse(p.read_text())
+    for node in ast.walk(tree):
+      if (isinstance(node, ast.Attribute) and node.attr.startswith("_")
+          and not node.attr.startswith("__") and node.attr not in FOREIGN_INTERFACE
+          and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))):
+        raise AssertionError(f"{p.relative_to(ROOT)}:{node.lineno}: reaches into .{node.attr}")
+      if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(OWN):
+        # A private name (or module) may be shared inside its own package, never beyond it.
+        names = [f"{node.module}.{a.name}" for a in node.names if a.name.startswith("_")]
+        names += [node.module] if "._" in node.module else []
+        for name in names:
+          owner = name.split("._", 1)[0]
+          assert module_name(p).startswith(owner + "."), (
+              f"{p.relative_to(ROOT)}:{node.lineno}: imports {name} from outside its package")
+
+
+def test_references_stay_inside_the_repository():
+  outside = re.compile(r"SPEC\.md|STACK\.md|seeds/|\.\./shared")
+  for p in [*SOURCES, *(ROOT / "docs").rglob("*.md"), ROOT / "README.md"]:
+    for i, line in enumerate(p.read_text().splitlines(), 1):
+      assert not outside.search(line), f"{p.relative_to(ROOT)}:{i}: points outside the repo"
