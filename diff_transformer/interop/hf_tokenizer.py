@@ -13,9 +13,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from diff_transformer.interop import InteropError
-
+from diff_transformer.data.tiktoken_file import TIKTOKEN_FILE, encoding_params, read_ranks
 from diff_transformer.data.tokenizer import EOT_TOKEN, TOKENIZER_FILE, ByteTokenizer
+from diff_transformer.interop import InteropError
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -62,7 +62,6 @@ def tiktoken_tokenizer(record: dict, workdir: Path):
   """A `tokenizers.Tokenizer` whose ids equal the run's tiktoken encoding for every string."""
   from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
   from transformers.convert_slow_tokenizer import TikTokenConverter
-  from diff_transformer.data.tiktoken_file import TIKTOKEN_FILE, encoding_params, read_ranks
   ranks = read_ranks(Path(workdir) / TIKTOKEN_FILE)
   params = encoding_params(record["encoding"], ranks)
   pattern = _onig_pattern(params["pat_str"], record["encoding"])
