@@ -10,7 +10,7 @@ import ml_collections
 from diff_transformer.errors import UserError
 
 VARIANTS = ("transformer", "diff", "shared_diff", "diff_v2")
-KERNELS = ("reference", "xla", "pallas")
+KERNELS = ("auto", "reference", "xla", "pallas", "cudnn")
 REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
 DTYPES = ("float32", "bfloat16")
 SYNTHETIC_TASKS = ("mqar", "needle")
@@ -41,7 +41,7 @@ def model_config() -> ml_collections.ConfigDict:
   c.rope_pairs = "interleaved"  # interleaved (2i, 2i+1) as the official code; or "half"
   c.tie_embeddings = False
   c.max_seq_len = 256
-  c.kernel = "xla"
+  c.kernel = "auto"  # kernels/auto.py: the exact path per platform and shapes
   c.dtype = "float32"  # compute dtype; parameters, softmax and norm statistics stay float32
   c.remat = "none"
   c.init_std = 0.02
