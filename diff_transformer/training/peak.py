@@ -65,9 +65,10 @@ def _cache_file(device, dtype: str) -> Path:
   return cache_root() / "peak" / f"{name}.json"
 
 
-def peak_tflops_per_device(configured: float = 0.0, dtype: str = "float32"
-                           ) -> tuple[float, str]:
-  """(per-device peak TFLOP/s, source): 'config', 'table', 'measured' or 'measured, cached'."""
+def peak_tflops_per_device(configured: float = 0.0, dtype: str = "float32",
+                           recalibrate: bool = False) -> tuple[float, str]:
+  """(per-device peak TFLOP/s, source): 'config', 'table', 'measured' or 'measured, cached'.
+  `recalibrate` measures again and replaces the cached figure (e.g. one taken under load)."""
   if configured > 0:
     return float(configured), "config"
   device = jax.local_devices()[0]
@@ -76,7 +77,7 @@ def peak_tflops_per_device(configured: float = 0.0, dtype: str = "float32"
       return value, "table"
   share = jax.local_device_count() if device.platform == "cpu" else 1
   path = _cache_file(device, dtype)
-  if path.exists():
+  if path.exists() and not recalibrate:
     return json.loads(path.read_text())["tflops"] / share, "measured, cached"
   tflops = calibrate_tflops(dtype)
   path.parent.mkdir(parents=True, exist_ok=True)
