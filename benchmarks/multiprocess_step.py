@@ -30,6 +30,8 @@ def main() -> None:
   p.add_argument("--root", default=str(ROOT))
   p.add_argument("--steps", type=int, default=150)
   p.add_argument("--log_every", type=int, default=25)
+  p.add_argument("--label", default="", help="recorded with the result, e.g. before/after")
+  p.add_argument("--out", default="", help="append the JSON line to this file")
   args = p.parse_args()
   tmp = Path(tempfile.mkdtemp(prefix="mp_step_"))
   rng = np.random.default_rng(0)
@@ -63,9 +65,13 @@ def main() -> None:
   tokens = flags["train.global_batch_size"] * flags["data.seq_len"]
   ms = [1e3 * tokens / r["tokens_per_s"] for r in rows
         if r["kind"] == "train" and np.isfinite(r.get("tokens_per_s", np.nan))]
-  print(json.dumps(dict(root=args.root, steps=args.steps, log_every=args.log_every,
-                        step_ms_median=float(np.median(ms)), step_ms_min=min(ms),
-                        step_ms_max=max(ms), windows=len(ms), load_average=os.getloadavg())))
+  line = json.dumps(dict(label=args.label, steps=args.steps, log_every=args.log_every,
+                         step_ms_median=float(np.median(ms)), step_ms_min=min(ms),
+                         step_ms_max=max(ms), windows=len(ms), load_average=os.getloadavg()))
+  print(line)
+  if args.out:
+    with open(args.out, "a") as f:
+      f.write(line + "\n")
 
 
 if __name__ == "__main__":

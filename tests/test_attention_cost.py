@@ -63,3 +63,17 @@ def test_executed_flops_counts_the_compiled_attention():
   counted = executed_flops("xla", q1, k1, v, q1, backward=True)
   # The compiled count adds the softmax's elementwise work (~10 FLOPs per map entry).
   assert 1.0 <= compiled / counted < 1.15, (compiled, counted)
+
+
+def test_auto_choice_per_platform():
+  from diff_transformer.kernels import auto
+  shape = lambda width, dtype=jnp.bfloat16: jax.ShapeDtypeStruct((1, 8, 2, width), dtype)
+  q, k = shape(64), shape(64)
+  assert auto.choose(q, k, shape(64)) == "xla"  # this CPU test machine
+  assert auto.choose(q, k, shape(64), platform="tpu") == "pallas"
+  assert auto.choose(q, k, shape(64), platform="gpu") == "cudnn"
+  assert auto.choose(q, k, shape(128), platform="gpu") == "cudnn"  # V1 at d=64: padded to 128
+  assert auto.choose(shape(128), shape(128), shape(256), platform="gpu") == "pallas"
+  assert auto.choose(shape(64, jnp.float32), shape(64, jnp.float32), shape(64, jnp.float32),
+                     platform="gpu") == "pallas"
+  assert auto.choose(q, k, shape(64), platform="tpu", explicit_mask=True) == "xla"

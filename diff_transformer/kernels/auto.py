@@ -8,7 +8,8 @@
   multiple of 8), else the fused Pallas (Triton) kernel.
 - TPU (by rule, not measured here): the fused Pallas (Mosaic) kernel.
 An explicit mask (KV-cache decoding) always takes 'xla': the fused kernels take causal and
-segment masks only.
+segment masks only. The platform is the default backend at trace time, so an ahead-of-time
+compile for a TPU from a CPU host (aot.py) resolves to 'xla'; name the kernel there.
 """
 from __future__ import annotations
 
