@@ -205,14 +205,8 @@ def main() -> None:
   rows = []
   for seq_len in map(int, args.seq_lens.split(",")):
     rows += measure_length(args, seq_len, peak_flops)
-  device = jax.devices()[0]
-  out = dict(device=f"{device.platform}:{device.device_kind}", devices=jax.device_count(),
-             host=platform.node(), cpu_count=os.cpu_count(), processor=platform.processor(),
-             args=vars(args), peak_tflops_per_device=peak_tflops, peak_source=peak_source,
-             load_average_start=load_start, load_average_end=os.getloadavg(),
-             seconds=round(time.time() - started), results=rows)
-  Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-  Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    write_json(args, rows, peak_tflops, peak_source, load_start, started)  # kept if cut short
+  out = write_json(args, rows, peak_tflops, peak_source, load_start, started)
   plot(rows, Path(args.plot), f"{out['device']} x{out['devices']}, D={args.d_model}, "
        f"{args.layers} layers, batch {args.batch}, {args.rounds} rounds; load "
        f"{load_start[0]:.1f}-{out['load_average_end'][0]:.1f} on {os.cpu_count()} cores")
@@ -228,6 +222,18 @@ def main() -> None:
     readme = Path(readme_tables.README)
     readme.write_text(readme_tables.render(readme.read_text()))
     print("README.md throughput block regenerated")
+
+
+def write_json(args, rows, peak_tflops, peak_source, load_start, started) -> dict:
+  device = jax.devices()[0]
+  out = dict(device=f"{device.platform}:{device.device_kind}", devices=jax.device_count(),
+             host=platform.node(), cpu_count=os.cpu_count(), processor=platform.processor(),
+             args=vars(args), peak_tflops_per_device=peak_tflops, peak_source=peak_source,
+             load_average_start=load_start, load_average_end=os.getloadavg(),
+             seconds=round(time.time() - started), results=rows)
+  Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+  Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+  return out
 
 
 if __name__ == "__main__":
