@@ -15,7 +15,7 @@ MFU = model FLOPs (training/metrics.py) / the per-device peak (training/peak.py:
 cached on a host without a table entry); HFU counts the FLOPs the chosen kernel executes. The
 load average is recorded per round. Writes benchmarks/results/throughput.json and
 docs/results/throughput/ratio.png and regenerates the README block (tools/readme_tables.py).
-Full run about 25 minutes on a shared 2-core CPU, --quick about 6.
+Full run 42 minutes on a shared 2-core CPU (load 2-9), --quick roughly a quarter.
 """
 from __future__ import annotations
 
