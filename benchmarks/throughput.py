@@ -1,18 +1,21 @@
-"""Throughput (the papers' Table 7): tokens/s of the forward pass and of the train step, and MFU,
-of each variant against the parameter-matched Transformer, at one or more sequence lengths.
+"""Throughput (the papers' Table 7): tokens/s of each variant's train step and forward (eval)
+step as a ratio to the parameter-matched Transformer, and MFU, at several sequence lengths.
 
-  JAX_PLATFORMS=cpu python benchmarks/throughput.py [--seq_lens 256,512] [--steps 5] ...
+  JAX_PLATFORMS=cpu python benchmarks/throughput.py            # T = 256, 512, 1024, 5 rounds
+  JAX_PLATFORMS=cpu python benchmarks/throughput.py --quick    # T = 256, 512, 3 rounds
   python benchmarks/throughput.py --d_model 3072 --layers 28 --head_dim 128 --ffn_dim 8192 \
       --vocab 100288 --seq_lens 2048,4096 --batch 1        # the 3B rows, on an accelerator
 
-Every variant has the same d_model, depth, head width d and vocabulary; the Transformer has 2h
-heads of d, DIFF/Shared DIFF h = D / 2d differential heads (same attention parameters), DIFF V2
-h heads with 2h query heads. The SwiGLU width of each non-baseline variant is adjusted so its
-parameter count matches the Transformer's (within one FFN column per layer). Times a jitted
-train step (forward + backward + AdamW) and the jitted forward (eval step: forward + loss) on
-synthetic batches after warm-up steps; MFU uses the same FLOP count and peak table as training
-(metrics.py). On CPU the paper's 2K/4K lengths are scaled down. Writes
-benchmarks/results/throughput.json.
+Variants share D, depth, head width d and vocabulary; heads follow params.heads_for and the
+SwiGLU width is matched to the Transformer's parameter count (params.matched_variant). All
+variants are compiled first, then timed in turn (A B C D A B C D ...) over `--rounds` rounds, so
+a change in the machine's load hits every variant alike; each round's ratio is the variant's
+tokens/s over the Transformer's in the same round, reported as median and range over rounds.
+MFU = model FLOPs (training/metrics.py) / the per-device peak (training/peak.py: measured and
+cached on a host without a table entry); HFU counts the FLOPs the chosen kernel executes. The
+load average is recorded per round. Writes benchmarks/results/throughput.json and
+docs/results/throughput/ratio.png and regenerates the README block (tools/readme_tables.py).
+Full run 42 minutes on a shared 2-core CPU (load 2-9), --quick roughly a quarter.
 """
 from __future__ import annotations
 
@@ -36,82 +39,136 @@ import numpy as np  # noqa: E402
 
 from diff_transformer import params as params_lib  # noqa: E402
 from diff_transformer.config import base_config, validate  # noqa: E402
-from diff_transformer.model.spec import ModelSpec  # noqa: E402
+from diff_transformer.model.attention import VARIANTS  # noqa: E402
 from diff_transformer.training.mesh import global_batch, make_mesh  # noqa: E402
 from diff_transformer.training.metrics import (attention_flops_per_token,  # noqa: E402
-                                               matmul_params, peak_tflops_per_device,
+                                               executed_flops_per_token, matmul_params,
                                                train_flops_per_token)
+from diff_transformer.training.peak import peak_tflops_per_device  # noqa: E402
 from diff_transformer.training.step import Trainer  # noqa: E402
 
-VARIANTS = ("transformer", "diff", "shared_diff", "diff_v2")
+OUT_JSON = ROOT / "benchmarks" / "results" / "throughput.json"
+OUT_PLOT = ROOT / "docs" / "results" / "throughput" / "ratio.png"
 
 
-def variant_config(variant: str, args, ffn_dim: int):
+def config_for(variant: str, args, seq_len: int):
   c = base_config()
   m = c.model
-  D, d = args.d_model, args.head_dim
-  m.variant, m.d_model, m.num_layers, m.head_dim, m.ffn_dim = variant, D, args.layers, d, ffn_dim
-  m.vocab_size, m.max_seq_len = args.vocab, args.seq_len
-  m.num_heads = params_lib.heads_for(variant, D, d)
-  m.rank = args.rank
-  c.data.seq_len = args.seq_len
-  c.train.global_batch_size = args.batch
-  return validate(c)
+  m.variant, m.d_model, m.num_layers, m.head_dim, m.ffn_dim = ("transformer", args.d_model,
+                                                               args.layers, args.head_dim,
+                                                               args.ffn_dim)
+  m.num_heads = params_lib.heads_for("transformer", args.d_model, args.head_dim)
+  m.vocab_size, m.max_seq_len, m.kernel = args.vocab, seq_len, args.kernel
+  c.data.seq_len, c.train.global_batch_size = seq_len, args.batch
+  return validate(params_lib.matched_variant(c, variant, rank=args.rank))
 
 
-def param_count(config) -> int:
-  return params_lib.count(ModelSpec.from_config(config.model))["params"]
-
-
-def matched_config(variant: str, args, target: int):
-  """The variant with the SwiGLU width that brings its parameter count closest to `target`."""
-  return validate(params_lib.match_ffn(variant_config(variant, args, args.ffn_dim), target))
-
-
-def synthetic_batch(args, seed: int = 0) -> dict[str, np.ndarray]:
-  rng = np.random.default_rng(seed)
-  B, T = args.batch, args.seq_len
+def synthetic_batch(args, seq_len: int) -> dict[str, np.ndarray]:
+  rng = np.random.default_rng(0)
+  B, T = args.batch, seq_len
   tokens = rng.integers(0, args.vocab, (B, T + 1), dtype=np.int32)
   return dict(inputs=tokens[:, :-1], targets=tokens[:, 1:], segment_ids=np.ones((B, T), np.int32),
               positions=np.broadcast_to(np.arange(T, dtype=np.int32), (B, T)).copy(),
               weights=np.ones((B, T), np.float32))
 
 
-def measure(config, args) -> dict:
-  mesh = make_mesh(config.mesh)
-  trainer = Trainer(config, mesh)
-  state = trainer.init()
-  batch = global_batch(mesh, synthetic_batch(args))
-  start = time.perf_counter()
-  for _ in range(2):  # compile + one warm step
-    state, metrics = trainer.train_step(state, batch)
-  jax.block_until_ready(metrics)
-  compile_s = time.perf_counter() - start
-  times = []
-  for _ in range(args.steps):
-    t0 = time.perf_counter()
-    state, metrics = trainer.train_step(state, batch)
+class Bench:
+  """One variant's compiled train and eval steps at one length, and its FLOP counts."""
+
+  def __init__(self, config, args, seq_len: int):
+    self.config, self.trainer = config, Trainer(config, make_mesh(config.mesh))
+    self.state = self.trainer.init()
+    self.batch = global_batch(self.trainer.mesh, synthetic_batch(args, seq_len))
+    start = time.perf_counter()
+    self.state, metrics = self.trainer.train_step(self.state, self.batch)
+    jax.block_until_ready((metrics, self.trainer.eval_step(self.state, self.batch)))
+    self.compile_s = time.perf_counter() - start
+    spec = self.trainer.spec
+    self.tokens = args.batch * seq_len
+    self.model_flops = train_flops_per_token(spec, seq_len) * self.tokens
+    self.forward_flops = (2.0 * matmul_params(spec)
+                          + attention_flops_per_token(spec, seq_len)) * self.tokens
+    executed, self.kernel = executed_flops_per_token(spec, seq_len)
+    self.executed_flops = executed * self.tokens
+    self.params = params_lib.count(spec)["params"]
+
+  def time_train(self, steps: int) -> float:
+    start = time.perf_counter()
+    for _ in range(steps):
+      self.state, metrics = self.trainer.train_step(self.state, self.batch)
     jax.block_until_ready(metrics)
-    times.append(time.perf_counter() - t0)
-  step_s = float(np.median(times))
-  jax.block_until_ready(trainer.eval_step(state, batch))  # compile the forward
-  fwd_times = []
-  for _ in range(args.steps):
-    t0 = time.perf_counter()
-    jax.block_until_ready(trainer.eval_step(state, batch))
-    fwd_times.append(time.perf_counter() - t0)
-  fwd_s = float(np.median(fwd_times))
-  tokens = args.batch * args.seq_len
-  flops = train_flops_per_token(trainer.spec, args.seq_len) * tokens
-  fwd_flops = (2.0 * matmul_params(trainer.spec) + attention_flops_per_token(
-      trainer.spec, args.seq_len)) * tokens
-  peak = peak_tflops_per_device(args.peak_tflops) * 1e12 * jax.device_count()
-  return dict(variant=config.model.variant, seq_len=args.seq_len, params=param_count(config),
-              num_heads=config.model.num_heads, ffn_dim=config.model.ffn_dim,
-              step_s=step_s, tokens_per_s=tokens / step_s, tflops_per_s=flops / step_s / 1e12,
-              mfu=flops / step_s / peak, forward_tokens_per_s=tokens / fwd_s,
-              forward_mfu=fwd_flops / fwd_s / peak, compile_s=compile_s,
-              loss=float(metrics["loss"]))
+    return (time.perf_counter() - start) / steps
+
+  def time_forward(self, steps: int) -> float:
+    start = time.perf_counter()
+    for _ in range(steps):
+      out = self.trainer.eval_step(self.state, self.batch)
+    jax.block_until_ready(out)
+    return (time.perf_counter() - start) / steps
+
+
+def spread(values) -> dict:
+  return dict(median=float(np.median(values)), min=float(min(values)), max=float(max(values)))
+
+
+def measure_length(args, seq_len: int, peak_flops: float) -> list[dict]:
+  benches = {}
+  for variant in args.variants:
+    benches[variant] = Bench(config_for(variant, args, seq_len), args, seq_len)
+    print(f"  compiled {variant} at T={seq_len} ({benches[variant].compile_s:.0f} s)", flush=True)
+  train_s = {v: [] for v in benches}
+  forward_s = {v: [] for v in benches}
+  loads = []
+  for r in range(args.rounds):
+    for variant, bench in benches.items():  # interleaved: A B C D, A B C D, ...
+      train_s[variant].append(bench.time_train(args.steps))
+    for variant, bench in benches.items():
+      forward_s[variant].append(bench.time_forward(args.steps))
+    loads.append(os.getloadavg()[0])
+    print(f"  T={seq_len} round {r + 1}/{args.rounds} (load {loads[-1]:.1f})", flush=True)
+  base = "transformer"
+  rows = []
+  for variant, b in benches.items():
+    train_ratio = [t_base / t for t, t_base in zip(train_s[variant], train_s[base])]
+    fwd_ratio = [t_base / t for t, t_base in zip(forward_s[variant], forward_s[base])]
+    step_s, fwd_s = float(np.median(train_s[variant])), float(np.median(forward_s[variant]))
+    rows.append(dict(
+        variant=variant, seq_len=seq_len, params=b.params, kernel=b.kernel,
+        num_heads=b.config.model.num_heads, ffn_dim=b.config.model.ffn_dim,
+        train_step_s=spread(train_s[variant]), forward_step_s=spread(forward_s[variant]),
+        tokens_per_s=b.tokens / step_s, forward_tokens_per_s=b.tokens / fwd_s,
+        train_ratio=spread(train_ratio), forward_ratio=spread(fwd_ratio),
+        mfu=b.model_flops / step_s / peak_flops, hfu=b.executed_flops / step_s / peak_flops,
+        forward_mfu=b.forward_flops / fwd_s / peak_flops,
+        model_flops_per_step=b.model_flops, executed_flops_per_step=b.executed_flops,
+        compile_s=b.compile_s, load_average_per_round=loads))
+  return rows
+
+
+def plot(rows: list[dict], path: Path, title: str) -> None:
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+  for ax, key, name in ((axes[0], "train_ratio", "train step"), (axes[1], "forward_ratio",
+                                                                 "forward (eval step)")):
+    for variant in dict.fromkeys(r["variant"] for r in rows):
+      rs = [r for r in rows if r["variant"] == variant]
+      T = [r["seq_len"] for r in rs]
+      med = np.array([r[key]["median"] for r in rs])
+      err = np.array([[m - r[key]["min"] for m, r in zip(med, rs)],
+                      [r[key]["max"] - m for m, r in zip(med, rs)]])
+      ax.errorbar(T, med, yerr=err, marker="o", capsize=3, label=variant)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("sequence length T")
+    ax.set_title(name)
+    ax.grid(alpha=0.3)
+  axes[0].set_ylabel("tokens/s / Transformer's (median, range over rounds)")
+  axes[1].legend()
+  fig.suptitle(title, fontsize=9)
+  fig.tight_layout()
+  path.parent.mkdir(parents=True, exist_ok=True)
+  fig.savefig(path, dpi=110)
 
 
 def main() -> None:
@@ -119,45 +176,63 @@ def main() -> None:
   p.add_argument("--d_model", type=int, default=256)
   p.add_argument("--layers", type=int, default=4)
   p.add_argument("--head_dim", type=int, default=32)
-  p.add_argument("--ffn_dim", type=int, default=704)
-  p.add_argument("--rank", type=int, default=16)
+  p.add_argument("--ffn_dim", type=int, default=704, help="the Transformer's; others matched")
+  p.add_argument("--rank", type=int, default=16, help="Shared DIFF's low rank")
   p.add_argument("--vocab", type=int, default=8192)
-  p.add_argument("--seq_lens", default="256,512", help="comma list; the paper uses 2048,4096")
   p.add_argument("--batch", type=int, default=8)
-  p.add_argument("--steps", type=int, default=5)
-  p.add_argument("--peak_tflops", type=float, default=0.0)
+  p.add_argument("--seq_lens", default="256,512,1024")
+  p.add_argument("--rounds", type=int, default=5)
+  p.add_argument("--steps", type=int, default=3, help="timed steps per variant and round")
+  p.add_argument("--kernel", default="auto")
+  p.add_argument("--peak_tflops", type=float, default=0.0, help="per device; 0 = measured")
   p.add_argument("--variants", default=",".join(VARIANTS))
-  p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "throughput.json"))
+  p.add_argument("--quick", action="store_true", help="T = 256,512, 3 rounds, 2 steps")
+  p.add_argument("--out", default=str(OUT_JSON))
+  p.add_argument("--plot", default=str(OUT_PLOT))
+  p.add_argument("--no_readme", action="store_true")
   args = p.parse_args()
+  if args.quick:
+    args.seq_lens, args.rounds, args.steps = "256,512", 3, 2
+  args.variants = args.variants.split(",")
+  if args.variants[0] != "transformer" or set(args.variants) - set(VARIANTS):
+    p.error(f"--variants: the first must be transformer (the baseline), then any of {VARIANTS}")
+  started, load_start = time.time(), os.getloadavg()
+  # Measured afresh in this run (same machine, same load) unless --peak_tflops is given.
+  peak_tflops, peak_source = peak_tflops_per_device(args.peak_tflops, "float32", recalibrate=True)
+  peak_flops = peak_tflops * 1e12 * jax.device_count()
+  print(f"peak {peak_tflops:.3f} TFLOP/s per device ({peak_source})", flush=True)
   rows = []
   for seq_len in map(int, args.seq_lens.split(",")):
-    args.seq_len = seq_len
-    target = param_count(variant_config("transformer", args, args.ffn_dim))
-    for variant in args.variants.split(","):
-      config = matched_config(variant, args, target) if variant != "transformer" else (
-          variant_config(variant, args, args.ffn_dim))
-      rows.append(measure(config, args))
-      print(f"  measured {variant} at T={seq_len}", flush=True)
-  print(f"\n{'variant':<12}{'T':>6}{'params':>12}{'ffn':>6}{'fwd tok/s':>11}{'vs base':>9}"
-        f"{'train tok/s':>12}{'vs base':>9}{'MFU':>8}")
+    rows += measure_length(args, seq_len, peak_flops)
+    write_json(args, rows, peak_tflops, peak_source, load_start, started)  # kept if cut short
+  out = write_json(args, rows, peak_tflops, peak_source, load_start, started)
+  plot(rows, Path(args.plot), f"{out['device']} x{out['devices']}, D={args.d_model}, "
+       f"{args.layers} layers, batch {args.batch}, {args.rounds} rounds; load "
+       f"{load_start[0]:.1f}-{out['load_average_end'][0]:.1f} on {os.cpu_count()} cores")
+  print(f"\n{'variant':<12}{'T':>6}{'train ratio':>22}{'forward ratio':>22}{'MFU':>7}{'HFU':>7}")
+  fmt = lambda s: f"{s['median']:.3f} [{s['min']:.2f}-{s['max']:.2f}]"
   for r in rows:
-    base = next(b for b in rows if b["variant"] == "transformer" and b["seq_len"] == r["seq_len"])
-    r["relative_tokens_per_s"] = r["tokens_per_s"] / base["tokens_per_s"]
-    r["relative_forward_tokens_per_s"] = r["forward_tokens_per_s"] / base["forward_tokens_per_s"]
-    print(f"{r['variant']:<12}{r['seq_len']:>6}{r['params']:>12,}{r['ffn_dim']:>6}"
-          f"{r['forward_tokens_per_s']:>11.0f}{100 * (r['relative_forward_tokens_per_s'] - 1):>+8.1f}%"
-          f"{r['tokens_per_s']:>12.0f}{100 * (r['relative_tokens_per_s'] - 1):>+8.1f}%"
-          f"{100 * r['mfu']:>7.1f}%")
+    print(f"{r['variant']:<12}{r['seq_len']:>6}{fmt(r['train_ratio']):>22}"
+          f"{fmt(r['forward_ratio']):>22}{100 * r['mfu']:>6.1f}%{100 * r['hfu']:>6.1f}%")
+  print(f"\nwrote {args.out} and {args.plot} in {out['seconds']} s")
+  if not args.no_readme and Path(args.out) == OUT_JSON:
+    sys.path.insert(0, str(ROOT / "tools"))
+    import readme_tables
+    readme = Path(readme_tables.README)
+    readme.write_text(readme_tables.render(readme.read_text()))
+    print("README.md throughput block regenerated")
+
+
+def write_json(args, rows, peak_tflops, peak_source, load_start, started) -> dict:
   device = jax.devices()[0]
   out = dict(device=f"{device.platform}:{device.device_kind}", devices=jax.device_count(),
-             host=platform.node(), cpu_count=os.cpu_count(), args={k: v for k, v in vars(args).items() if k != 'seq_len'},
-             peak_tflops_per_device=peak_tflops_per_device(args.peak_tflops),
-             note="median step time after 2 warm-up steps; the host may be shared, so absolute "
-                  "numbers vary run to run; compare variants within one run",
-             results=rows)
+             host=platform.node(), cpu_count=os.cpu_count(), processor=platform.processor(),
+             args=vars(args), peak_tflops_per_device=peak_tflops, peak_source=peak_source,
+             load_average_start=load_start, load_average_end=os.getloadavg(),
+             seconds=round(time.time() - started), results=rows)
   Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-  Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
-  print(f"\nwrote {args.out}")
+  Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+  return out
 
 
 if __name__ == "__main__":

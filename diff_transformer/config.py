@@ -13,7 +13,7 @@ from diff_transformer.errors import ConfigError
 from diff_transformer.model.attention import variant_class
 from diff_transformer.model.spec import ModelSpec
 
-KERNELS = tuple(kernels.KERNELS)
+KERNELS = ("auto", *kernels.KERNELS)  # auto: kernels/auto.py picks one per platform and shapes
 REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
 DTYPES = ("float32", "bfloat16")
 SYNTHETIC_TASKS = ("mqar", "needle")

@@ -1,6 +1,7 @@
 """Every variant and kernel against the independent float64 reference (tests/np_reference.py)."""
 import zlib
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -8,7 +9,7 @@ from flax import nnx
 
 import np_reference as ref
 from diff_transformer import kernels
-from diff_transformer.kernels import reference
+from diff_transformer.kernels import cudnn, reference
 from diff_transformer.model.attention import VARIANTS
 from diff_transformer.model.spec import ModelSpec
 
@@ -77,7 +78,7 @@ def tolerance(variant: str) -> float:
 CASES = [(v, kv) for v in VARIANTS for kv in (None, 2)] + [("transformer", 1)]
 
 
-@pytest.mark.parametrize("kernel", ["reference", "xla"])
+@pytest.mark.parametrize("kernel", ["reference", "xla", "auto"])
 @pytest.mark.parametrize("variant,kv", CASES)
 def test_module_matches_float64(variant, kv, kernel):
   spec, attn = make(variant, kv, seed=seed_of(variant, kv, kernel), kernel=kernel)
@@ -131,7 +132,23 @@ def test_reference_maps_match_float64(variant):
   np.testing.assert_allclose(maps["lambda"], lam, rtol=1e-6)
 
 
-@pytest.mark.parametrize("kernel", ["reference", "xla"])
+# 'xla_blocks' runs the causal query blocks (12 rows in blocks of 5: uneven), 'cudnn_layout' the
+# dot_product_attention layout of the cudnn kernel through XLA (cuDNN itself needs a GPU).
+PATHS = {
+    "reference": dict(implementation="reference"),
+    "xla": dict(implementation="xla"),
+    "xla_blocks": dict(implementation="xla", block_q=5),
+    "auto": dict(implementation="auto"),
+}
+
+
+def run_path(path, *args, **kw):
+  if path == "cudnn_layout":
+    return cudnn.attention(*args, implementation="xla", **kw)
+  return kernels.attention(*args, **PATHS[path], **kw)
+
+
+@pytest.mark.parametrize("kernel", [*PATHS, "cudnn_layout"])
 @pytest.mark.parametrize("case", ["baseline", "v1", "v2", "mqa"])
 def test_kernels_match_float64_on_fresh_inputs(kernel, case):
   rng = np.random.default_rng(seed_of(kernel, case))
@@ -144,5 +161,59 @@ def test_kernels_match_float64_on_fresh_inputs(kernel, case):
           "v1": (q1, k1, v, q2, k2, 0.37), "v2": (q1, k1, v, q2, None, rng.uniform(size=(B, T, H)))}[case]
   f32 = [None if a is None else jnp.asarray(a, jnp.float32) for a in args]
   for causal in (True, False):
-    got = kernels.attention(*f32, implementation=kernel, segment_ids=jnp.asarray(SEG), causal=causal)
+    got = run_path(kernel, *f32, segment_ids=jnp.asarray(SEG), causal=causal)
     assert rel_err(got, ref.diff_kernel(*args, seg=SEG, causal=causal)) < 1e-5
+
+
+@pytest.mark.parametrize("path", ["xla", "xla_blocks", "auto", "cudnn_layout"])
+@pytest.mark.parametrize("case", ["v1", "v1_mha", "v2", "v2_mqa", "base"])
+def test_kernel_gradients_match_float64(path, case):
+  """Forward and every input's gradient against the float64 softmax-Jacobian reference."""
+  from test_pallas_kernel import ARG_NAMES, make_inputs, np_attention
+  variant, kv = {"v1": ("v1", 2), "v1_mha": ("v1", 4), "v2": ("v2", 2), "v2_mqa": ("v2", 1),
+                 "base": ("base", 2)}[case]
+  args, seg_ids, do = make_inputs(variant, B=2, T=23, N=4, K=kv, d=8, seed=seed_of(path, case),
+                                  seg=True)
+  names = [n for n in ARG_NAMES if args[n] is not None]
+
+  def loss(*xs):
+    full = dict(args, **dict(zip(names, xs)))
+    out = run_path(path, *(full[n] for n in ARG_NAMES), segment_ids=jnp.asarray(seg_ids))
+    return jnp.sum(out * do), out
+
+  (_, out), grads = jax.value_and_grad(loss, argnums=tuple(range(len(names))), has_aux=True)(
+      *(args[n] for n in names))
+  ref_out, ref_grads = np_attention(args, do, causal=True, seg=seg_ids)
+  errors = {"out": rel_err(out, ref_out)}
+  errors.update({n: rel_err(g, ref_grads[n]) for n, g in zip(names, grads)})
+  assert max(errors.values()) < 1e-5, errors
+
+
+@pytest.mark.parametrize("path", ["xla", "auto", "reference"])
+@pytest.mark.parametrize("case", ["v1", "v2", "base"])
+def test_explicit_decode_mask_matches_float64(path, case):
+  """KV-cache decoding: 3 new queries over 10 cached keys with an explicit [B, T, S] mask."""
+  rng = np.random.default_rng(seed_of("mask", path, case))
+  H, K, dk, Tq, S = 4, 2, 8, 3, 10
+  dv = 2 * dk if case == "v1" else dk
+  q1, q2 = rng.normal(size=(2, B, Tq, H, dk))
+  k1, k2 = rng.normal(size=(2, B, S, K, dk))
+  v = rng.normal(size=(B, S, K, dv))
+  lam = {"v1": 0.37, "v2": rng.uniform(size=(B, Tq, H)), "base": None}[case]
+  mask = rng.uniform(size=(B, Tq, S)) < 0.6
+  mask[..., 0] = True
+  args = {"v1": (q1, k1, v, q2, k2, lam), "v2": (q1, k1, v, q2, None, lam),
+          "base": (q1, k1, v, None, None, None)}[case]
+  f32 = [None if a is None else jnp.asarray(a, jnp.float32) for a in args]
+  got = run_path(path, *f32, mask=jnp.asarray(mask))
+  want = np.zeros((B, Tq, H, dv))
+  for b in range(B):
+    for n in range(H):
+      g = n // (H // K)
+      want[b, :, n] = ref.softmax_map(q1[b, :, n], k1[b, :, g], mask[b], dk ** -0.5) @ v[b, :, g]
+      if case != "base":
+        kk = k1 if case == "v2" else k2
+        lam_t = np.broadcast_to(lam, (B, Tq, H))[b, :, n]
+        want[b, :, n] -= lam_t[:, None] * (
+            ref.softmax_map(q2[b, :, n], kk[b, :, g], mask[b], dk ** -0.5) @ v[b, :, g])
+  assert rel_err(got, want) < 1e-5

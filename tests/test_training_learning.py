@@ -39,7 +39,11 @@ def test_loss_falls_on_default_corpus(variant, tmp_path):
   assert summary["val_loss"] < first - 1.5, summary
   # The logs carry the promised keys, lambda per layer included for differential variants.
   keys = set(train_rows[-1])
-  assert {"loss", "perplexity", "lr", "grad_norm", "tokens_per_s", "mfu"} <= keys
+  assert {"loss", "perplexity", "lr", "grad_norm", "tokens_per_s", "mfu", "hfu"} <= keys
+  # The MFU's peak and its source, and both FLOP counts, are on record.
+  [flops] = [r for r in rows if r["kind"] == "flops"]
+  assert flops["peak_tflops_per_device"] > 0 and flops["peak_source"].startswith("measured")
+  assert flops["kernel"] == "xla" and flops["executed_flops_per_step"] > 0
   if variant != "transformer":
     assert {"lambda/l0", "lambda/l1", "lambda/mean", "lambda/min", "lambda/max"} <= keys
   assert list((tmp_path / "tb").glob("events.out.tfevents.*"))

@@ -93,16 +93,22 @@ def throughput_table() -> str:
   if d is None:
     return "(not measured yet: python benchmarks/throughput.py)"
   a = d["args"]
-  out = [f"{d['device']} x{d['devices']}, D={a['d_model']}, {a['layers']} layers, head width "
-         f"{a['head_dim']}, batch {a['batch']}, parameter-matched by FFN width; train step = "
-         "forward + backward + AdamW; MFU against the nominal CPU peak (training/metrics.py):", "",
-         "| variant | T | params | forward tok/s | vs Transformer | train tok/s | vs Transformer "
-         "| MFU (train) |", "|---|---|---|---|---|---|---|---|"]
+  loads = [x for r in d["results"] for x in r["load_average_per_round"]]
+  out = [f"{d['device']} x{d['devices']} ({d['cpu_count']} cores, host `{d['host']}`), D="
+         f"{a['d_model']}, {a['layers']} layers, head width {a['head_dim']}, batch {a['batch']}, "
+         f"parameter-matched by FFN width, kernel `{a['kernel']}`; {a['rounds']} interleaved rounds "
+         f"of {a['steps']} steps; 1-minute load average {min(loads):.1f}-{max(loads):.1f} during "
+         f"the run; peak {d['peak_tflops_per_device']:.3f} TFLOP/s per device "
+         f"({d['peak_source']}); {d['seconds'] / 60:.0f} minutes. Ratio = tokens/s over the "
+         "Transformer's in the same round: median [min-max] over rounds.", "",
+         "| variant | T | params | train tok/s | train ratio | forward tok/s | forward ratio "
+         "| MFU | HFU |", "|---|---|---|---|---|---|---|---|---|"]
+  ratio = lambda s: f"{s['median']:.3f} [{s['min']:.2f}-{s['max']:.2f}]"
   for r in d["results"]:
     out.append(f"| {r['variant']} | {r['seq_len']} | {r['params'] / 1e6:.2f}M | "
-               f"{r['forward_tokens_per_s']:.0f} | {100 * (r['relative_forward_tokens_per_s'] - 1):+.1f}% | "
-               f"{r['tokens_per_s']:.0f} | {100 * (r['relative_tokens_per_s'] - 1):+.1f}% | "
-               f"{100 * r['mfu']:.1f}% |")
+               f"{r['tokens_per_s']:.0f} | {ratio(r['train_ratio'])} | "
+               f"{r['forward_tokens_per_s']:.0f} | {ratio(r['forward_ratio'])} | "
+               f"{100 * r['mfu']:.1f}% | {100 * r['hfu']:.1f}% |")
   return "\n".join(out)
 
 

@@ -1,7 +1,9 @@
 """Attention kernels behind one contract (see kernels/common.py for the exact formula).
 
 `attention(..., implementation=name)` dispatches; adding a kernel is one module plus one entry in
-KERNELS. 'pallas' is the fused differential flash kernel (one pass over K/V for both maps).
+KERNELS. 'xla' is the einsum path at the arithmetic floor (kernels/xla.py), 'pallas' the fused
+differential flash kernel (one pass over K/V for both maps), 'cudnn' jax.nn.dot_product_attention
+with cuDNN (GPU), 'auto' the choice of kernels/auto.py for this platform and these shapes.
 """
 from __future__ import annotations
 
@@ -11,7 +13,8 @@ import jax
 
 from diff_transformer import sharding
 
-from diff_transformer.kernels import reference, xla
+from diff_transformer.kernels import auto, cudnn, reference, xla
+from diff_transformer.kernels.flops import executed_flops
 
 
 def _pallas(*args, **kwargs):
@@ -29,10 +32,17 @@ KERNELS: dict[str, Callable] = {
     "reference": reference.attention,
     "xla": xla.attention,
     "pallas": _pallas,
+    "cudnn": cudnn.attention,
 }
 
 
 def attention(q1, k1, v, q2=None, k2=None, lam=None, *, implementation: str = "xla", **kwargs):
+  if implementation == "auto":
+    implementation = auto.choose(q1, k1, v, explicit_mask=kwargs.get("mask") is not None)
   if implementation not in KERNELS:
-    raise ValueError(f"model.kernel: unknown kernel '{implementation}'; choose one of {sorted(KERNELS)}")
+    raise ValueError(f"model.kernel: unknown kernel '{implementation}'; choose one of "
+                     f"{sorted(KERNELS) + ['auto']}")
   return KERNELS[implementation](q1, k1, v, q2, k2, lam, **kwargs)
+
+
+__all__ = ["KERNELS", "attention", "auto", "executed_flops"]

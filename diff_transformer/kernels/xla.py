@@ -1,11 +1,17 @@
-"""`jax.nn.dot_product_attention` (XLA on CPU/TPU, cuDNN selectable on GPU).
+"""Einsum attention at the arithmetic floor (XLA on any platform; maps materialised in float32).
 
-dot_product_attention wants values exactly as wide as keys and one map per head, so the two
-softmax maps become extra query heads of ONE call:
-- shared keys (DIFF V2): q1/q2 interleave back to 2H heads over the K kv heads, one GQA call;
-- separate keys (DIFF V1, Shared DIFF): heads [q1; q2] over kv heads [k1; k2] with values [v; v];
-  when values are wider than keys (V1's 2d), q and k are zero-padded to the value width and the
-  scale stays 1/sqrt(d), which leaves the logits unchanged.
+The differential map is formed before the value product, (A1 - lam A2) V, so one PV product
+serves both maps:
+- DIFF V1 / Shared DIFF (h heads, keys d, values 2d): QK^T 2 x 2hTSd + PV 2hTS(2d) = 8hTSd,
+  the parameter-matched Transformer's (2h heads of d) cost;
+- DIFF V2 (h output heads, 2h query maps of d over shared keys): 4hTSd + 2hTSd = 6hTSd.
+Query heads are grouped as [K, G] against the kv heads (no repeat of keys or values).
+
+Causal self-attention (T == S, no explicit mask) runs in query blocks of `block_q` rows, block i
+attending to keys [0, end_i) only, so about (n + 1) / 2n of the square is computed for n blocks
+instead of all of it; each block's softmax rows are complete, so the result is exact. Every
+block's [B, N, block_q, S_i] maps are materialised: this path is for lengths whose maps fit in
+memory; the fused Pallas kernel covers long sequences on GPU/TPU.
 """
 from __future__ import annotations
 
@@ -16,46 +22,62 @@ from diff_transformer.kernels import common
 
 Array = jax.Array
 
-
-def _call(q, k, v, *, scale, causal, segment_ids, mask, implementation):
-  bias_mask = None
-  if mask is not None:
-    bias_mask = mask.astype(bool)[:, None]
-  elif segment_ids is not None:
-    bias_mask = (segment_ids[:, :, None] == segment_ids[:, None, :])[:, None]
-  return jax.nn.dot_product_attention(
-      q, k, v, scale=scale, is_causal=causal and mask is None, mask=bias_mask,
-      implementation=implementation)
+# Query rows per causal block on CPU (benchmarks/results/attention_kernels_cpu.json).
+BLOCK_Q = 64
 
 
 def attention(q1, k1, v, q2=None, k2=None, lam=None, *, segment_ids=None, causal=True, scale=None,
-              mask=None, implementation: str | None = None) -> Array:
+              mask=None, block_q: int = BLOCK_Q) -> Array:
   common.check_shapes(q1, k1, v, q2, k2, lam)
   scale = common.default_scale(q1, scale)
-  kw = dict(scale=scale, causal=causal, segment_ids=segment_ids, mask=mask,
-            implementation=implementation)
   batch, q_len, heads, _ = q1.shape
-  if q2 is None:
-    q, k = q1, k1
-    if v.shape[-1] != k1.shape[-1]:
-      q, k = _pad_to(q1, v.shape[-1]), _pad_to(k1, v.shape[-1])
-    return _call(q, k, v, **kw)
-  lam_BTN1 = common.lam_per_query(lam, batch, q_len, heads)[..., None]
-  if k2 is None and v.shape[-1] == k1.shape[-1]:
-    q_BT2NH = jnp.stack([q1, q2], axis=3).reshape(batch, q_len, 2 * heads, q1.shape[-1])
-    o_BT2NH = _call(q_BT2NH, k1, v, **kw).reshape(batch, q_len, heads, 2, v.shape[-1])
-    o1, o2 = o_BT2NH[:, :, :, 0], o_BT2NH[:, :, :, 1]
-  else:
-    k2 = k1 if k2 is None else k2
-    width = max(v.shape[-1], k1.shape[-1])
-    q = _pad_to(jnp.concatenate([q1, q2], axis=2), width)
-    k = _pad_to(jnp.concatenate([k1, k2], axis=2), width)
-    o = _call(q, k, jnp.concatenate([v, v], axis=2), **kw)
-    o1, o2 = o[:, :, :heads], o[:, :, heads:]
-  out = o1.astype(jnp.float32) - lam_BTN1 * o2.astype(jnp.float32)
-  return out.astype(q1.dtype)
+  lam_f32 = None if lam is None else jnp.asarray(lam, jnp.float32)
+  if not (causal and mask is None and q_len == k1.shape[1] and q_len > block_q):
+    mask_BTS = common.make_mask(q_len, k1.shape[1], causal=causal, segment_ids=segment_ids,
+                                mask=mask)
+    return _block(q1, k1, v, q2, k2, lam_f32, scale, mask_BTS)
+  outs = []
+  for start in range(0, q_len, block_q):
+    end = min(q_len, start + block_q)
+    mask_BTS = (jnp.arange(start, end)[:, None] >= jnp.arange(end)[None, :])[None]
+    if segment_ids is not None:
+      mask_BTS = mask_BTS & (segment_ids[:, start:end, None] == segment_ids[:, None, :end])
+    rows = lambda x: None if x is None else x[:, start:end]
+    keys = lambda x: None if x is None else x[:, :end]
+    lam_rows = lam_f32 if lam_f32 is None or lam_f32.ndim == 0 else rows(lam_f32)
+    outs.append(_block(rows(q1), keys(k1), keys(v), rows(q2), keys(k2), lam_rows, scale,
+                       mask_BTS))
+  return jnp.concatenate(outs, axis=1)
 
 
-def _pad_to(x: Array, width: int) -> Array:
-  extra = width - x.shape[-1]
-  return x if extra == 0 else jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, extra)])
+def _block(q1, k1, v, q2, k2, lam, scale, mask_BTS) -> Array:
+  batch, q_len, heads, _ = q1.shape
+  kv_heads = k1.shape[2]
+  e1_BKGTS, l1_BKGT1 = _exp_rows(q1, k1, scale, mask_BTS)
+  p_BKGTS = e1_BKGTS * (1.0 / l1_BKGT1)
+  if q2 is not None:
+    if lam.ndim:  # per token and head [B, T, N] -> [B, K, G, T, 1]
+      lam = lam.reshape(batch, q_len, kv_heads, heads // kv_heads).transpose(0, 2, 3, 1)[..., None]
+    e2_BKGTS, l2_BKGT1 = _exp_rows(q2, k1 if k2 is None else k2, scale, mask_BTS)
+    # lam joins the second map's row normaliser: one reduction per map in the backward serves
+    # both the softmax and lam's gradient.
+    p_BKGTS = p_BKGTS - e2_BKGTS * (lam / l2_BKGT1)
+  out_BTKGH = jnp.einsum("bkgts,bskh->btkgh", p_BKGTS.astype(v.dtype), v,
+                         preferred_element_type=jnp.float32)
+  return out_BTKGH.reshape(batch, q_len, heads, v.shape[-1]).astype(q1.dtype)
+
+
+def _exp_rows(q_BTNH: Array, k_BSKH: Array, scale: float, mask_BTS: Array | None
+              ) -> tuple[Array, Array]:
+  """Unnormalised float32 softmax numerators exp(logit - row max) [B, K, G, T, S] and their row
+  sums [B, K, G, T, 1]."""
+  batch, q_len, heads, width = q_BTNH.shape
+  kv_heads = k_BSKH.shape[2]
+  q_BTKGH = q_BTNH.reshape(batch, q_len, kv_heads, heads // kv_heads, width)
+  logits = jnp.einsum("btkgh,bskh->bkgts", q_BTKGH, k_BSKH,
+                      preferred_element_type=jnp.float32) * scale
+  if mask_BTS is not None:
+    logits = jnp.where(mask_BTS[:, None, None], logits, jnp.finfo(jnp.float32).min)
+  # The row max only keeps exp in range; the result does not depend on it.
+  e = jnp.exp(logits - jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True)))
+  return e, jnp.sum(e, axis=-1, keepdims=True)

@@ -33,7 +33,7 @@ class ModelSpec:
   rope_pairs: str = "interleaved"  # interleaved (2i, 2i+1) as the official code; or "half"
   tie_embeddings: bool = False
   max_seq_len: int = 256
-  kernel: str = "xla"
+  kernel: str = "auto"  # kernels/auto.py: the exact path per platform and shapes
   dtype: str = "float32"  # compute dtype; parameters, softmax and norm statistics stay float32
   remat: str = "none"
   init_std: float = 0.02

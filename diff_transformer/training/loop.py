@@ -27,8 +27,9 @@ from diff_transformer.model.spec import ModelSpec
 from diff_transformer.training import checkpoint as ckpt_lib
 from diff_transformer.training.guard import DivergenceGuard
 from diff_transformer.training.mesh import check_parallelism, global_batch, make_mesh
-from diff_transformer.training.metrics import (MetricsLogger, expand_layers,
-                                               peak_tflops_per_device, train_flops_per_token)
+from diff_transformer.training.metrics import (MetricsLogger, executed_flops_per_token,
+                                               expand_layers, train_flops_per_token)
+from diff_transformer.training.peak import peak_tflops_per_device
 from diff_transformer.training.step import Trainer
 from diff_transformer.training.workdir import WorkdirLock, prepare_workdir
 
@@ -54,10 +55,15 @@ class StopSignal:
       raise KeyboardInterrupt  # a second Ctrl-C means now
     self.requested = signal.Signals(signum).name
 
-  def agreed(self) -> bool:
-    """All processes must stop at the same step: any process's request stops everyone."""
+  def agreed(self, due: bool) -> bool:
+    """All processes must stop at the same step: any process's request stops everyone. With
+    several processes they agree only at `due` steps (the same steps on every host: logging and
+    checkpoint steps), so other steps never wait on a cross-host gather; one process stops at
+    the next step."""
     flag = self.requested is not None
     if jax.process_count() > 1:
+      if not due:
+        return False
       from jax.experimental import multihost_utils
       flag = bool(np.any(multihost_utils.process_allgather(np.int32(flag))))
     return flag
@@ -171,8 +177,14 @@ def _train(config: ml_collections.ConfigDict, workdir: Path, lock: WorkdirLock |
   seq_len = dataset.seq_len
   tokens_per_step = t.global_batch_size * seq_len
   flops_per_step = train_flops_per_token(trainer.spec, seq_len) * tokens_per_step
-  peak_flops = peak_tflops_per_device(t.peak_tflops) * 1e12 * jax.device_count()
+  executed_per_token, kernel = executed_flops_per_token(trainer.spec, seq_len)
+  peak_tflops, peak_source = peak_tflops_per_device(t.peak_tflops, config.model.dtype)
+  peak_flops = peak_tflops * 1e12 * jax.device_count()
   logger = MetricsLogger(workdir, t.steps, start)
+  logger.write(start, dict(peak_tflops_per_device=peak_tflops, peak_source=peak_source,
+                           kernel=kernel, model_flops_per_step=flops_per_step,
+                           executed_flops_per_step=executed_per_token * tokens_per_step),
+               kind="flops")
   logger.print(f"# {config.model.variant} on mesh {dict(mesh.shape)} ({jax.device_count()} "
                f"{jax.devices()[0].platform} devices, {jax.process_count()} processes); "
                f"{trainer.spec.num_layers} layers, d_model {trainer.spec.d_model}; "
@@ -187,7 +199,7 @@ def _train(config: ml_collections.ConfigDict, workdir: Path, lock: WorkdirLock |
   summary: dict = dict(step=start, stopped_by=None)
   pending = None  # (step, metrics) whose finiteness is checked one step late (keeps dispatch async)
   window_time, window_steps = None, 0  # training time since the last log (no eval, no saves)
-  rate = dict(tokens_per_s=float("nan"), mfu=float("nan"))
+  rate = dict(tokens_per_s=float("nan"), mfu=float("nan"), hfu=float("nan"))
   step = start
   if start >= t.steps:
     logger.print(f"Checkpoint step {start} already reaches train.steps = {t.steps}; raise "
@@ -211,7 +223,8 @@ def _train(config: ml_collections.ConfigDict, workdir: Path, lock: WorkdirLock |
         if window_time is not None:  # the first step (compilation) is not timed
           seconds = (now - window_time) / window_steps
           rate = dict(tokens_per_s=tokens_per_step / seconds,
-                      mfu=flops_per_step / seconds / peak_flops)
+                      mfu=flops_per_step / seconds / peak_flops,
+                      hfu=executed_per_token * tokens_per_step / seconds / peak_flops)
         for name, per_layer in values.pop("layers").items():
           values |= expand_layers(name, per_layer)
         values |= dict(perplexity=math.exp(min(float(values["loss"]), 80.0)), **rate)
@@ -225,7 +238,7 @@ def _train(config: ml_collections.ConfigDict, workdir: Path, lock: WorkdirLock |
         logger.progress(step, val)
         summary.update(val)
         window_time, window_steps = time.perf_counter(), 0  # keep evaluation out of the rate
-      stopping = stop.agreed()
+      stopping = stop.agreed(step % t.log_every == 0 or last or step % t.checkpoint_every == 0)
       if stopping or last or step % t.checkpoint_every == 0:
         if pending is not None:  # never save a NaN state
           guard.check_step(step, jax.device_get(metrics))

@@ -5,7 +5,9 @@ FLOPs follow MaxText's accounting: 6 FLOPs per weight per token for the matmul w
 and value matmuls, halved because causal attention computes only the lower triangle, times 3
 for forward + backward. Each variant states its attention FLOPs (`Attention.attention_flops`):
 differential variants count what their kernels execute, two softmax maps per head, each with its
-QK^T and its product with V.
+QK^T and its product with V. MFU divides these model FLOPs by the peak of training/peak.py;
+`executed_flops_per_token` counts what the chosen kernel path computes instead (its utilisation is
+logged as `hfu`).
 """
 from __future__ import annotations
 
@@ -17,40 +19,9 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from diff_transformer.errors import TrainError
 from diff_transformer.model.attention import variant_class
 from diff_transformer.model.spec import ModelSpec
 from diff_transformer.params import abstract_model, param_shapes
-
-# Dense bf16 peak TFLOP/s per device by jax device_kind (first matching substring wins).
-PEAK_TFLOPS = (
-    ("TPU v6", 918.0),  # Trillium ("TPU v6 lite")
-    ("TPU v5 lite", 197.0),  # v5e
-    ("TPU v5e", 197.0),
-    ("TPU v5", 459.0),  # v5p
-    ("TPU v4", 275.0),
-    ("H200", 989.0),
-    ("H100", 989.0),  # SXM dense
-    ("A100", 312.0),
-)
-# CPU has no vendor peak: a nominal 0.35 TFLOP/s per host, the float32 2048^3 matmul rate measured
-# on the project's 2-core AVX-512 machines, shared by that host's CPU devices.
-CPU_HOST_TFLOPS = 0.35
-
-
-def peak_tflops_per_device(configured: float = 0.0) -> float:
-  """train.peak_tflops if set, else the table entry for this device kind."""
-  if configured > 0:
-    return float(configured)
-  device = jax.local_devices()[0]
-  if device.platform == "cpu":
-    return CPU_HOST_TFLOPS / jax.local_device_count()
-  for key, value in PEAK_TFLOPS:
-    if key in device.device_kind:
-      return value
-  raise TrainError(f"train.peak_tflops: unknown device kind '{device.device_kind}'; set the "
-                   "per-device peak TFLOP/s in the config")
-
 
 def matmul_params(spec: ModelSpec) -> int:
   """Weights that take part in a matmul per token: every kernel, the LM head (tied: the
@@ -71,6 +42,23 @@ def attention_flops_per_token(spec: ModelSpec, seq_len: int) -> float:
 
 def train_flops_per_token(spec: ModelSpec, seq_len: int) -> float:
   return 6.0 * matmul_params(spec) + 3.0 * attention_flops_per_token(spec, seq_len)
+
+
+def executed_flops_per_token(spec: ModelSpec, seq_len: int, train: bool = True
+                             ) -> tuple[float, str]:
+  """(matmul FLOPs per token the compiled step executes, the attention kernel that runs):
+  2 (forward) or 6 (train) x matmul weights plus what the chosen kernel computes
+  (kernels/flops.py), per layer. Without remat; a remat policy recomputes more."""
+  from flax import nnx
+  from diff_transformer import kernels
+  from diff_transformer.model.attention import VARIANTS
+  x = jax.ShapeDtypeStruct((1, seq_len, spec.d_model), spec.compute_dtype)
+  positions = jax.ShapeDtypeStruct((1, seq_len), np.int32)
+  p = jax.eval_shape(lambda x, pos: VARIANTS[spec.variant](spec, 0, rngs=nnx.Rngs(0)).project(
+      x, pos), x, positions)
+  kernel = kernels.auto.choose(p.q1, p.k1, p.v) if spec.kernel == "auto" else spec.kernel
+  attention = kernels.executed_flops(kernel, p.q1, p.k1, p.v, p.q2, backward=train) / seq_len
+  return (6.0 if train else 2.0) * matmul_params(spec) + spec.num_layers * attention, kernel
 
 
 class MetricsLogger:

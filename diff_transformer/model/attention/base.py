@@ -141,8 +141,8 @@ class Attention(nnx.Module):
   def _attend(self, q1, k1, v, q2, k2, lam, **kw) -> Array:
     if self.logit_bits is not None:
       return reference.attention(q1, k1, v, q2, k2, lam, logit_bits=self.logit_bits, **kw)
-    # The fused Pallas kernel takes no explicit mask; decoding uses the XLA path instead.
-    kernel = "xla" if "mask" in kw and self.kernel == "pallas" else self.kernel
+    # The fused kernels take no explicit mask; decoding uses the XLA path instead.
+    kernel = "xla" if "mask" in kw and self.kernel in ("pallas", "cudnn") else self.kernel
     return kernels.attention(q1, k1, v, q2, k2, lam, implementation=kernel, **kw)
 
   # Helpers for the variants.

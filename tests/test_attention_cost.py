@@ -1,0 +1,79 @@
+"""Attention FLOPs of the compiled CPU train step (XLA's cost analysis) against the floor.
+
+Two DIFF V1 train steps with the same tokens per step (B=2, T=256 and B=1, T=512) differ only
+in the attention's T^2 work: weights, optimizer, embeddings and loss cost the same, and so does
+the einsum path's diagonal-block overhang, which is linear in tokens. The floor of that
+difference (DIFF V1, h heads of keys d and values 2d, causal, forward + backward):
+3 x (two QK^T maps 2hTd + ONE PV 2hT(2d)) x T/2 per sequence = 3 x 4hT^2d per layer, which
+a dense path (2x) or two PV products (1.5x) would miss by far.
+"""
+import jax
+import jax.numpy as jnp
+
+from diff_transformer.config import base_config, validate
+from diff_transformer.kernels import executed_flops
+from diff_transformer.training.mesh import batch_sharding, make_mesh
+from diff_transformer.training.step import Trainer
+
+H, D_HEAD, LAYERS = 1, 128, 1  # wide heads: the softmax's elementwise work is small next to QK^T
+
+
+def step_flops(kernel: str, batch: int, seq: int) -> float:
+  c = base_config()
+  m = c.model
+  m.variant, m.kernel, m.vocab_size, m.d_model, m.num_layers = "diff", kernel, 64, 256, LAYERS
+  m.num_heads, m.head_dim, m.ffn_dim, m.max_seq_len = H, D_HEAD, 64, seq
+  c.data.seq_len, c.train.global_batch_size = seq, batch
+  config = validate(c)
+  mesh = make_mesh(config.mesh, devices=jax.devices()[:1])
+  trainer = Trainer(config, mesh)
+  abstract_batch = {k: jax.ShapeDtypeStruct((batch, seq), dtype, sharding=batch_sharding(mesh))
+                    for k, dtype in (("inputs", jnp.int32), ("targets", jnp.int32),
+                                     ("segment_ids", jnp.int32), ("positions", jnp.int32),
+                                     ("weights", jnp.float32))}
+  with trainer._context():
+    compiled = trainer._train_step.lower(trainer.abstract_state, abstract_batch).compile()
+  cost = compiled.cost_analysis()
+  return float((cost[0] if isinstance(cost, list) else cost)["flops"])
+
+
+def floor_train_flops(batch: int, seq: int) -> float:
+  # Per layer and sequence, causal: QK^T 2 maps x 2h(T^2/2)d + PV 2h(T^2/2)(2d) = 4hT^2d.
+  return LAYERS * 3 * batch * 4 * H * seq ** 2 * D_HEAD
+
+
+def test_v1_attention_flops_within_10_percent_of_floor():
+  measured = step_flops("auto", 1, 512) - step_flops("auto", 2, 256)  # auto: 'xla' on CPU
+  floor = floor_train_flops(1, 512) - floor_train_flops(2, 256)
+  assert abs(measured / floor - 1) < 0.10, (measured, floor)
+
+
+def test_executed_flops_counts_the_compiled_attention():
+  """kernels.executed_flops (what metrics report) against the compiled einsum call itself."""
+  shape = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)
+  q1, k1, v = shape(1, 512, 2, 64), shape(1, 512, 2, 64), shape(1, 512, 2, 128)
+  args = (q1, k1, v, q1, k1)
+  from diff_transformer.kernels import xla
+  # A full cotangent (a sum's constant one lets XLA fold dO V^T away) and the value (without it
+  # XLA drops the forward PV product as dead code).
+  loss = lambda *a: jnp.sum(xla.attention(*a[:5], 0.5) * a[5])
+  fwd_bwd = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3, 4)))
+  cost = fwd_bwd.lower(*args, shape(1, 512, 2, 128)).compile().cost_analysis()
+  compiled = float((cost[0] if isinstance(cost, list) else cost)["flops"])
+  counted = executed_flops("xla", q1, k1, v, q1, backward=True)
+  # The compiled count adds the softmax's elementwise work (~10 FLOPs per map entry).
+  assert 1.0 <= compiled / counted < 1.15, (compiled, counted)
+
+
+def test_auto_choice_per_platform():
+  from diff_transformer.kernels import auto
+  shape = lambda width, dtype=jnp.bfloat16: jax.ShapeDtypeStruct((1, 8, 2, width), dtype)
+  q, k = shape(64), shape(64)
+  assert auto.choose(q, k, shape(64)) == "xla"  # this CPU test machine
+  assert auto.choose(q, k, shape(64), platform="tpu") == "pallas"
+  assert auto.choose(q, k, shape(64), platform="gpu") == "cudnn"
+  assert auto.choose(q, k, shape(128), platform="gpu") == "cudnn"  # V1 at d=64: padded to 128
+  assert auto.choose(shape(128), shape(128), shape(256), platform="gpu") == "pallas"
+  assert auto.choose(shape(64, jnp.float32), shape(64, jnp.float32), shape(64, jnp.float32),
+                     platform="gpu") == "pallas"
+  assert auto.choose(q, k, shape(64), platform="tpu", explicit_mask=True) == "xla"
