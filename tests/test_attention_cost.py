@@ -31,8 +31,7 @@ def step_flops(kernel: str, batch: int, seq: int) -> float:
                     for k, dtype in (("inputs", jnp.int32), ("targets", jnp.int32),
                                      ("segment_ids", jnp.int32), ("positions", jnp.int32),
                                      ("weights", jnp.float32))}
-  with trainer._context():
-    compiled = trainer._train_step.lower(trainer.abstract_state, abstract_batch).compile()
+  compiled = trainer.lower_train_step(abstract_batch).compile()
   cost = compiled.cost_analysis()
   return float((cost[0] if isinstance(cost, list) else cost)["flops"])
 

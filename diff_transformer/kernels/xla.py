@@ -24,6 +24,14 @@ Array = jax.Array
 
 # Query rows per causal block on CPU (benchmarks/results/attention_kernels_cpu.json).
 BLOCK_Q = 64
+# At most this many blocks: each block is unrolled into the compiled program, so their number
+# bounds its size and compile time at long T; 8 blocks already skip 7/16 of the square.
+MAX_BLOCKS = 8
+
+
+def block_rows(q_len: int, block_q: int = BLOCK_Q) -> int:
+  """Query rows per causal block: block_q, widened where T needs more than MAX_BLOCKS."""
+  return max(block_q, -(-q_len // MAX_BLOCKS))
 
 
 def attention(q1, k1, v, q2=None, k2=None, lam=None, *, segment_ids=None, causal=True, scale=None,
@@ -37,6 +45,7 @@ def attention(q1, k1, v, q2=None, k2=None, lam=None, *, segment_ids=None, causal
                                 mask=mask)
     return _block(q1, k1, v, q2, k2, lam_f32, scale, mask_BTS)
   outs = []
+  block_q = block_rows(q_len, block_q)
   for start in range(0, q_len, block_q):
     end = min(q_len, start + block_q)
     mask_BTS = (jnp.arange(start, end)[:, None] >= jnp.arange(end)[None, :])[None]

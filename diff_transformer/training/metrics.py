@@ -18,10 +18,13 @@ from pathlib import Path
 
 import jax
 import numpy as np
+from flax import nnx
 
+from diff_transformer import kernels
 from diff_transformer.model.attention import variant_class
 from diff_transformer.model.spec import ModelSpec
 from diff_transformer.params import abstract_model, param_shapes
+
 
 def matmul_params(spec: ModelSpec) -> int:
   """Weights that take part in a matmul per token: every kernel, the LM head (tied: the
@@ -49,12 +52,9 @@ def executed_flops_per_token(spec: ModelSpec, seq_len: int, train: bool = True
   """(matmul FLOPs per token the compiled step executes, the attention kernel that runs):
   2 (forward) or 6 (train) x matmul weights plus what the chosen kernel computes
   (kernels/flops.py), per layer. Without remat; a remat policy recomputes more."""
-  from flax import nnx
-  from diff_transformer import kernels
-  from diff_transformer.model.attention import VARIANTS
   x = jax.ShapeDtypeStruct((1, seq_len, spec.d_model), spec.compute_dtype)
   positions = jax.ShapeDtypeStruct((1, seq_len), np.int32)
-  p = jax.eval_shape(lambda x, pos: VARIANTS[spec.variant](spec, 0, rngs=nnx.Rngs(0)).project(
+  p = jax.eval_shape(lambda x, pos: variant_class(spec.variant)(spec, 0, rngs=nnx.Rngs(0)).project(
       x, pos), x, positions)
   kernel = kernels.auto.choose(p.q1, p.k1, p.v) if spec.kernel == "auto" else spec.kernel
   attention = kernels.executed_flops(kernel, p.q1, p.k1, p.v, p.q2, backward=train) / seq_len
