@@ -54,10 +54,8 @@ OUT_PLOT = ROOT / "docs" / "results" / "throughput" / "ratio.png"
 def config_for(variant: str, args, seq_len: int):
   c = base_config()
   m = c.model
-  m.variant, m.d_model, m.num_layers, m.head_dim, m.ffn_dim = ("transformer", args.d_model,
-                                                               args.layers, args.head_dim,
-                                                               args.ffn_dim)
-  m.num_heads = params_lib.heads_for("transformer", args.d_model, args.head_dim)
+  m.d_model, m.num_layers, m.head_dim, m.ffn_dim = (args.d_model, args.layers, args.head_dim,
+                                                    args.ffn_dim)  # variant, heads: matched below
   m.vocab_size, m.max_seq_len, m.kernel = args.vocab, seq_len, args.kernel
   c.data.seq_len, c.train.global_batch_size = seq_len, args.batch
   return validate(params_lib.matched_variant(c, variant, rank=args.rank))
@@ -204,8 +202,7 @@ def main() -> None:
   rows = []
   for seq_len in map(int, args.seq_lens.split(",")):
     rows += measure_length(args, seq_len, peak_flops)
-    write_json(args, rows, peak_tflops, peak_source, load_start, started)  # kept if cut short
-  out = write_json(args, rows, peak_tflops, peak_source, load_start, started)
+    out = write_json(args, rows, peak_tflops, peak_source, load_start, started)  # kept if cut short
   plot(rows, Path(args.plot), f"{out['device']} x{out['devices']}, D={args.d_model}, "
        f"{args.layers} layers, batch {args.batch}, {args.rounds} rounds; load "
        f"{load_start[0]:.1f}-{out['load_average_end'][0]:.1f} on {os.cpu_count()} cores")

@@ -24,7 +24,7 @@ from typing import Any, Callable, NoReturn
 from absl import flags
 
 from diff_transformer.config import validate
-from diff_transformer.errors import ConfigError, UserError, first_line, message_lines
+from diff_transformer.errors import ConfigError, UserError, first_line, last_line, message_lines
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 USER_ERROR_EXIT = 2
@@ -94,8 +94,7 @@ def _one_line(e: Exception) -> str:
     key, *hint = [l.strip() for l in _unknown_key_text(e).splitlines() if l.strip()] or ["?"]
     hint.append("known keys: diff_transformer/config.py")
     return f"unknown config key {key} ({'; '.join(hint)})"
-  lines = message_lines(e)
-  return lines[-1] if lines else type(e).__name__
+  return last_line(e)
 
 
 def load_definition(path: str, flag: str, name: str, error: type[UserError] = ConfigError):

@@ -21,7 +21,7 @@ SYNTHETIC_TASKS = ("mqar", "needle")
 
 def ffn_width(d_model: int, multiple: int = 128, up: bool = False) -> int:
   """SwiGLU width 8/3 * D rounded to the nearest multiple of 128 (exact for D = 3072 and 2880),
-  or with up=True rounded up (the CPU default and CPU sweep: up to a multiple of 64)."""
+  or with up=True rounded up (the CPU sweep: up to a multiple of 64)."""
   if up:
     return -(-8 * d_model // (3 * multiple)) * multiple
   return int(round(8 * d_model / 3 / multiple)) * multiple

@@ -17,7 +17,8 @@ Public entry points:
   padded_vocab_size(ids, multiple) -> int       model rows for a tokenizer (model.vocab_multiple)
   describe(tokenizer) -> dict; assert_compatible(recorded: dict, current: Tokenizer)
       record a tokenizer in a checkpoint; raise DataError (one line) if the data's differs.
-  prepare_files(inputs, output, *, tokenizer, bpe_vocab_size, val_fraction, text_field, force)
+  prepare_files(inputs, output, *, tokenizer, bpe_vocab_size, val_fraction, text_field, force,
+                tokenizer_file, workers, shard_tokens)
       what `python prepare_data.py` runs.
 
 Batches are dicts of numpy arrays [local_batch, seq_len]: inputs, targets, segment_ids,

@@ -326,6 +326,6 @@ def read_metadata(directory: str | Path) -> dict:
   meta = read_json(path, DataError)
   if not isinstance(meta, dict) or meta.get("format") not in FORMATS:
     found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
-    raise DataError(f"{path}: format {found} is not {FORMAT_VERSION}; prepare again")
+    raise DataError(f"{path}: format {found} is not one of {FORMATS}; prepare again")
   return meta
 

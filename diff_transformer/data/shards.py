@@ -18,7 +18,7 @@ SHARD_TOKENS = 1 << 27  # 128M tokens: 256 MB (uint16) or 512 MB (uint32) per sh
 
 
 def split_shards(split_meta: dict) -> list[dict]:
-  """[{file, index, stream_tokens}] of a split's metadata entry (format 1: one shard)."""
+  """[{file, index, documents, stream_tokens}] of a split's metadata entry (format 1: one shard)."""
   if "shards" in split_meta:
     return split_meta["shards"]
   return [dict(file=split_meta["file"], index=split_meta["index"],

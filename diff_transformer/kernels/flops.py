@@ -31,12 +31,10 @@ def executed_flops(implementation: str, q1, k1, v, q2=None, *, causal: bool = Tr
   per_area = 2.0 * batch * heads * area
   if implementation == "xla":
     qk, pv = maps * key_width, value_width
-  elif implementation == "reference":
+  elif implementation in ("reference", "pallas"):  # one PV product per map
     qk, pv = maps * key_width, maps * value_width
   elif implementation == "cudnn":
     qk, pv = maps * max(key_width, value_width), maps * value_width
-  elif implementation == "pallas":
-    qk, pv = maps * key_width, maps * value_width
   else:
     raise ValueError(f"model.kernel: no FLOP count for kernel '{implementation}'")
   forward = per_area * (qk + pv)

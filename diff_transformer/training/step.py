@@ -7,9 +7,10 @@ The train state is a plain pytree (dict) of arrays:
   opt_state  optax state    AdamW moments sharded like their parameters
 
 Plain jax.jit over split state (not nnx.jit): the model graph is rebuilt by nnx.merge at trace
-time only, so dispatch is cheap (nnx.jit re-traverses the graph on every call). Shardings come from the parameters' logical
-`out_sharding` names through sharding.LOGICAL_RULES; the state is created inside jit with those
-out_shardings, so no parameter is ever materialised whole on one device.
+time only, so dispatch is cheap (nnx.jit re-traverses the graph on every call). Shardings come
+from the parameters' logical `out_sharding` names through sharding.LOGICAL_RULES; the state is
+created inside jit with those out_shardings, so no parameter is ever materialised whole on one
+device.
 """
 from __future__ import annotations
 

@@ -112,16 +112,16 @@ class Attention(nnx.Module):
     """The output [B, T, D]; with return_maps also the analysis maps, with metric_weights_BT
     also this layer's `metrics` (the one forward computes both)."""
     p = self.project(x_BTD, positions_BT)
-    if metric_weights_BT is not None:
-      o_BTNH = self._attend(p.q1, p.k1, p.v, p.q2, p.k2, p.lam, segment_ids=segment_ids_BT)
-      return self.output(o_BTNH, p), self.metrics(p, metric_weights_BT)
     if return_maps:
       o_BTNH, maps = reference.attention_maps(p.q1, p.k1, p.v, p.q2, p.k2, p.lam,
                                               segment_ids=segment_ids_BT,
                                               logit_bits=self.logit_bits)
       return self.output(o_BTNH, p), maps
     o_BTNH = self._attend(p.q1, p.k1, p.v, p.q2, p.k2, p.lam, segment_ids=segment_ids_BT)
-    return self.output(o_BTNH, p)
+    out_BTD = self.output(o_BTNH, p)
+    if metric_weights_BT is not None:
+      return out_BTD, self.metrics(p, metric_weights_BT)
+    return out_BTD
 
   def decode(self, x_BTD: Array, positions_BT: Array, cache_k: Array, cache_v: Array,
              start_B: Array, mask_BTS: Array) -> tuple[Array, Array, Array]:
