@@ -146,9 +146,7 @@ def _resolve_config_args(argv: list[str]) -> list[str]:
 def define_config(name: str = "config", default: str = "configs/default.py") -> None:
   """--config=FILE[:preset] plus --config.x.y=v overrides (typos in keys are rejected)."""
   from ml_collections import config_flags
-  path = default.partition(":")[0]
-  if not Path(path).is_file() and (PROJECT_ROOT / path).is_file():
-    default = str(PROJECT_ROOT / default)
+  default = resolve_config_path(default, name)
   _CONFIG_FLAGS.append(name)
   try:
     config_flags.DEFINE_config_file(name, default, "Config file, optionally FILE:preset.",

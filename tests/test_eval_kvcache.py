@@ -110,7 +110,7 @@ def test_top_p_keeps_the_nucleus_and_num_ids_masks_padded_rows():
   assert picks == {4, 0}  # mass before id 0 is .64 < .85; before id 1 it is .87
   assert {int(decoding._pick(logits_BV, k, 1.0, 0, top_p=0.5)[0]) for k in keys[:50]} == {4}
   assert len({int(decoding._pick(logits_BV, k, 1.0, 0)[0]) for k in keys}) == 5
-  with pytest.raises(common.EvalError, match="top_p must be in"):
+  with pytest.raises(common.EvalError, match="decoding: .* 0 < top_p <= 1 required"):
     decoding.generate(None, [[1]], 1, top_p=0.0)
 
 

@@ -57,13 +57,18 @@ def _pick(logits_BV, key, temperature: float, top_k: int, top_p: float = 1.0):
   return jax.random.categorical(key, logits_BV, axis=-1)
 
 
+def check_sampling(temperature: float, top_k: int, top_p: float, field: str = "decoding") -> None:
+  if temperature < 0 or top_k < 0 or not 0.0 < top_p <= 1.0:
+    raise EvalError(f"{field}: temperature >= 0, top_k >= 0 and 0 < top_p <= 1 required, got "
+                    f"temperature={temperature}, top_k={top_k}, top_p={top_p}")
+
+
 def generate(fns: Fns, prompts: list[list[int]], max_new_tokens: int, *, temperature: float = 0.0,
              top_k: int = 0, top_p: float = 1.0, seed: int = 0, num_ids: int | None = None
              ) -> list[list[int]]:
   """max_new_tokens new tokens per prompt (greedy when temperature is 0). `num_ids`: the
   tokenizer's ids; the model's padded vocabulary rows beyond them are never picked."""
-  if not 0.0 < top_p <= 1.0:
-    raise EvalError(f"decoding: top_p must be in (0, 1], got {top_p}")
+  check_sampling(temperature, top_k, top_p)
   logits, cache = prefill(fns, prompts, max_new_tokens)
   padded = num_ids is not None and num_ids < logits.shape[-1]
   key = jax.random.key(seed)

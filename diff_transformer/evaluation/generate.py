@@ -39,10 +39,10 @@ def run(fns: common.Fns, tokenizer, texts: list[str], settings, out_dir) -> dict
   encoded = [tokenizer.encode(p) for p in prompts]
   longest = max(len(e) for e in encoded)
   common.check_context(fns.model, longest + settings.max_new_tokens, "generate")
-  greedy = decoding.generate(fns, encoded, settings.max_new_tokens)
+  greedy = decoding.generate(fns, encoded, settings.max_new_tokens, num_ids=tokenizer.vocab_size)
   sampled = decoding.generate(fns, encoded, settings.max_new_tokens,
                               temperature=settings.temperature, top_k=settings.top_k,
-                              seed=settings.seed)
+                              seed=settings.seed, num_ids=tokenizer.vocab_size)
   (kh, kw), (vh, vw) = variant_class(fns.spec.variant).cache_layout(fns.spec)
   samples = [dict(prompt=p, greedy=tokenizer.decode(g), sampled=tokenizer.decode(s),
                   greedy_matches_full_forward=m)

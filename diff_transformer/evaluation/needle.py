@@ -180,12 +180,13 @@ def build_samples(haystack: Haystack, length: int, num_needles: int, num_queries
           for d in depths for _ in range(count)]
 
 
-def model_generator(fns: common.Fns, batch_size: int):
-  """generate_fn(prompts, max_new) -> new tokens, greedy with the KV cache, in batches."""
+def model_generator(fns: common.Fns, batch_size: int, num_ids: int | None = None):
+  """generate_fn(prompts, max_new) -> new tokens, greedy with the KV cache, in batches; ids from
+  `num_ids` up (padded vocabulary rows) are never produced."""
   def generate_fn(prompts: list[list[int]], max_new: int) -> list[list[int]]:
     out = []
     for chunk in common.batched(prompts, batch_size):
-      out += decoding.generate(fns, chunk, max_new)
+      out += decoding.generate(fns, chunk, max_new, num_ids=num_ids)
     return out
   return generate_fn
 
@@ -230,7 +231,8 @@ def run(fns: common.Fns, tokenizer, texts: list[str], settings, out_dir) -> dict
   groups = {(n, r, L): build_samples(haystack, L, n, r, settings.depths, settings.needle_samples,
                                      settings.seed)
             for n, r in settings.needle_configs for L in lengths}
-  acc = evaluate(groups, model_generator(fns, settings.batch_size), tokenizer, progress=True)
+  acc = evaluate(groups, model_generator(fns, settings.batch_size, tokenizer.vocab_size),
+                 tokenizer, progress=True)
   summary = {cfg: float(np.mean([a for per_len in v.values() for a in per_len.values()]))
              for cfg, v in acc.items()}
   plot = heatmap(acc, out_dir / "needle.png")

@@ -24,7 +24,8 @@ def run(model, val_batches: list[dict], tokenizer, texts: list[str], settings, o
     fns = common.Fns(common.with_logit_bits(model, bits))
     name = "full" if bits is None else str(bits)
     val = loss.evaluate(fns, val_batches, progress=True)["all"]["loss"]
-    acc = needle.evaluate(samples, needle.model_generator(fns, settings.batch_size), tokenizer)
+    generate_fn = needle.model_generator(fns, settings.batch_size, tokenizer.vocab_size)
+    acc = needle.evaluate(samples, generate_fn, tokenizer)
     rows[name] = dict(loss=val, needle_accuracy=float(np.mean(list(
         next(iter(next(iter(acc.values())).values())).values()))))
     print(f"  quantization {name:>4} bits: loss {val:.4f}  needle {rows[name]['needle_accuracy']:.2f}",

@@ -36,13 +36,22 @@ KERNELS: dict[str, Callable] = {
 }
 
 
-def attention(q1, k1, v, q2=None, k2=None, lam=None, *, implementation: str = "xla", **kwargs):
+def resolve(implementation: str, q1, k1, v, *, explicit_mask: bool = False) -> str:
+  """The kernel that runs for `implementation` with these inputs (arrays or ShapeDtypeStructs):
+  'auto' is chosen by kernels/auto.py, and an explicit mask (KV-cache decoding) takes 'xla'
+  because the fused kernels take causal and segment masks only."""
   if implementation == "auto":
-    implementation = auto.choose(q1, k1, v, explicit_mask=kwargs.get("mask") is not None)
+    return auto.choose(q1, k1, v, explicit_mask=explicit_mask)
   if implementation not in KERNELS:
     raise ValueError(f"model.kernel: unknown kernel '{implementation}'; choose one of "
                      f"{sorted(KERNELS) + ['auto']}")
+  return "xla" if explicit_mask and implementation in ("pallas", "cudnn") else implementation
+
+
+def attention(q1, k1, v, q2=None, k2=None, lam=None, *, implementation: str = "xla", **kwargs):
+  implementation = resolve(implementation, q1, k1, v,
+                           explicit_mask=kwargs.get("mask") is not None)
   return KERNELS[implementation](q1, k1, v, q2, k2, lam, **kwargs)
 
 
-__all__ = ["KERNELS", "attention", "auto", "executed_flops"]
+__all__ = ["KERNELS", "attention", "auto", "executed_flops", "resolve"]

@@ -21,7 +21,6 @@ from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
 from diff_transformer.data.tokenizer import load_tokenizer
-from diff_transformer.errors import EvalError
 from diff_transformer.evaluation import decoding
 from diff_transformer.evaluation.common import Fns, pad_rows
 from diff_transformer.training.checkpoint import TOKENIZER_RECORD, restore_model
@@ -155,9 +154,7 @@ class DiffTransformerLM(TemplateLM):
     settings = dict(temperature=float(gen_kwargs.get("temperature", 1.0)) if do_sample else 0.0,
                     top_k=int(gen_kwargs.get("top_k", 0)),
                     top_p=float(gen_kwargs.get("top_p", 1.0)))
-    if settings["temperature"] < 0 or not 0.0 < settings["top_p"] <= 1.0 or settings["top_k"] < 0:
-      raise EvalError(f"generation_kwargs: temperature >= 0, top_k >= 0 and 0 < top_p <= 1 "
-                       f"required, got {settings}")
+    decoding.check_sampling(**settings, field="generation_kwargs")  # before any decoding
     return settings
 
   def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:

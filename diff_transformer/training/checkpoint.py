@@ -116,23 +116,21 @@ def _flatten(d: dict, prefix: str = "") -> dict:
   return out
 
 
-def check_run_record(workdir: Path, config: ml_collections.ConfigDict, tokenizer) -> None:
-  """A resumed run must use the recorded tokenizer and the same model shape."""
+def check_run_record(workdir: Path, config: ml_collections.ConfigDict, tokenizer
+                     ) -> tuple[int, int] | None:
+  """A resumed run must use the recorded tokenizer and the same model shape. Returns (recorded,
+  new) train.global_batch_size when the resume changes it (allowed, and said), else None."""
   if (workdir / TOKENIZER_RECORD).is_file():
     check_tokenizer_record(workdir, tokenizer)
   recorded = read_config(workdir)
-  if recorded is not None:
-    old, new = _flatten(recorded.model.to_dict()), _flatten(config.model.to_dict())
-    for key in sorted(new):
-      if old.get(key) != new[key]:
-        raise TrainError(f"model.{key}: {workdir} holds a run with {old.get(key)!r}, this config "
-                         f"has {new[key]!r}; use another --workdir or the recorded config")
-
-
-def changed_batch_size(workdir: Path, config: ml_collections.ConfigDict) -> tuple[int, int] | None:
-  """(recorded, new) train.global_batch_size when a resume changes it, else None."""
-  recorded = read_config(workdir)
-  if recorded is None or recorded.train.global_batch_size == config.train.global_batch_size:
+  if recorded is None:
+    return None
+  old, new = _flatten(recorded.model.to_dict()), _flatten(config.model.to_dict())
+  for key in sorted(new):
+    if old.get(key) != new[key]:
+      raise TrainError(f"model.{key}: {workdir} holds a run with {old.get(key)!r}, this config "
+                       f"has {new[key]!r}; use another --workdir or the recorded config")
+  if recorded.train.global_batch_size == config.train.global_batch_size:
     return None
   return int(recorded.train.global_batch_size), int(config.train.global_batch_size)
 

@@ -149,11 +149,10 @@ def _train(config: ml_collections.ConfigDict, workdir: Path, lock: WorkdirLock |
   if dataset.vocab_size > config.model.vocab_size:
     raise TrainError(f"model.vocab_size: {config.model.vocab_size} is smaller than the "
                      f"{dataset.tokenizer.name} tokenizer's {dataset.vocab_size} ids")
-  ckpt_lib.check_run_record(workdir, config, dataset.tokenizer)
+  batch_change = ckpt_lib.check_run_record(workdir, config, dataset.tokenizer)
   if config.init_from_hf and not any((workdir / "checkpoints").glob("*")):
     # A new run from an HF folder: one line about a wrong folder before any state is built.
     hf_import.check_folder(ModelSpec.from_config(config.model), config.init_from_hf)
-  batch_change = ckpt_lib.changed_batch_size(workdir, config)
   mesh = make_mesh(config.mesh)
   check_parallelism(config, mesh)
   trainer = Trainer(config, mesh)

@@ -47,18 +47,17 @@ def train_flops_per_token(spec: ModelSpec, seq_len: int) -> float:
   return 6.0 * matmul_params(spec) + 3.0 * attention_flops_per_token(spec, seq_len)
 
 
-def executed_flops_per_token(spec: ModelSpec, seq_len: int, train: bool = True
-                             ) -> tuple[float, str]:
-  """(matmul FLOPs per token the compiled step executes, the attention kernel that runs):
-  2 (forward) or 6 (train) x matmul weights plus what the chosen kernel computes
+def executed_flops_per_token(spec: ModelSpec, seq_len: int) -> tuple[float, str]:
+  """(matmul FLOPs per token the compiled train step executes, the attention kernel that runs):
+  6 x matmul weights plus what the chosen kernel computes
   (kernels/flops.py), per layer. Without remat; a remat policy recomputes more."""
   x = jax.ShapeDtypeStruct((1, seq_len, spec.d_model), spec.compute_dtype)
   positions = jax.ShapeDtypeStruct((1, seq_len), np.int32)
   p = jax.eval_shape(lambda x, pos: variant_class(spec.variant)(spec, 0, rngs=nnx.Rngs(0)).project(
       x, pos), x, positions)
-  kernel = kernels.auto.choose(p.q1, p.k1, p.v) if spec.kernel == "auto" else spec.kernel
-  attention = kernels.executed_flops(kernel, p.q1, p.k1, p.v, p.q2, backward=train) / seq_len
-  return (6.0 if train else 2.0) * matmul_params(spec) + spec.num_layers * attention, kernel
+  kernel = kernels.resolve(spec.kernel, p.q1, p.k1, p.v)
+  attention = kernels.executed_flops(kernel, p.q1, p.k1, p.v, p.q2, backward=True) / seq_len
+  return 6.0 * matmul_params(spec) + spec.num_layers * attention, kernel
 
 
 class MetricsLogger:

@@ -141,9 +141,7 @@ class Attention(nnx.Module):
   def _attend(self, q1, k1, v, q2, k2, lam, **kw) -> Array:
     if self.logit_bits is not None:
       return reference.attention(q1, k1, v, q2, k2, lam, logit_bits=self.logit_bits, **kw)
-    # The fused kernels take no explicit mask; decoding uses the XLA path instead.
-    kernel = "xla" if "mask" in kw and self.kernel in ("pallas", "cudnn") else self.kernel
-    return kernels.attention(q1, k1, v, q2, k2, lam, implementation=kernel, **kw)
+    return kernels.attention(q1, k1, v, q2, k2, lam, implementation=self.kernel, **kw)
 
   # Helpers for the variants.
   def _dense(self, d_in: int, d_out: int, names, rngs, **kw) -> nnx.Linear:
