@@ -177,7 +177,10 @@ def _train(config: ml_collections.ConfigDict, workdir: Path, lock: WorkdirLock |
   tokens_per_step = t.global_batch_size * seq_len
   flops_per_step = train_flops_per_token(trainer.spec, seq_len) * tokens_per_step
   executed_per_token, kernel = executed_flops_per_token(trainer.spec, seq_len)
-  peak_tflops, peak_source = peak_tflops_per_device(t.peak_tflops, config.model.dtype)
+  # Only process 0 logs MFU; a calibration in every process of a host would also measure the
+  # others' concurrent calibrations.
+  peak_tflops, peak_source = (peak_tflops_per_device(t.peak_tflops, config.model.dtype)
+                              if jax.process_index() == 0 else (math.nan, "not logged here"))
   peak_flops = peak_tflops * 1e12 * jax.device_count()
   logger = MetricsLogger(workdir, t.steps, start)
   logger.write(start, dict(peak_tflops_per_device=peak_tflops, peak_source=peak_source,
