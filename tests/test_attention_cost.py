@@ -7,8 +7,11 @@ difference (DIFF V1, h heads of keys d and values 2d, causal, forward + backward
 3 x (two QK^T maps 2hTd + ONE PV 2hT(2d)) x T/2 per sequence = 3 x 4hT^2d per layer, which
 a dense path (2x) or two PV products (1.5x) would miss by far.
 """
+import functools
+
 import jax
 import jax.numpy as jnp
+import pytest
 
 from diff_transformer.config import base_config, validate
 from diff_transformer.kernels import executed_flops
@@ -18,11 +21,13 @@ from diff_transformer.training.step import Trainer
 H, D_HEAD, LAYERS = 1, 128, 1  # wide heads: the softmax's elementwise work is small next to QK^T
 
 
-def step_flops(kernel: str, batch: int, seq: int) -> float:
+@functools.lru_cache  # the plain B=1, T=512 step serves three tests
+def step_flops(kernel: str, batch: int, seq: int, remat: str = "none") -> float:
   c = base_config()
   m = c.model
   m.variant, m.kernel, m.vocab_size, m.d_model, m.num_layers = "diff", kernel, 64, 256, LAYERS
   m.num_heads, m.head_dim, m.ffn_dim, m.max_seq_len = H, D_HEAD, 64, seq
+  m.remat = remat
   c.data.seq_len, c.train.global_batch_size = seq, batch
   config = validate(c)
   mesh = make_mesh(config.mesh, devices=jax.devices()[:1])
@@ -62,6 +67,21 @@ def test_executed_flops_counts_the_compiled_attention():
   counted = executed_flops("xla", q1, k1, v, q1, backward=True)
   # The compiled count adds the softmax's elementwise work (~10 FLOPs per map entry).
   assert 1.0 <= compiled / counted < 1.15, (compiled, counted)
+
+
+@pytest.mark.parametrize("remat", ["full", "dots_with_no_batch_dims_saveable"])
+def test_executed_flops_count_what_remat_recomputes(remat):
+  """The compiled step's extra FLOPs under a remat policy against what metrics add for it."""
+  import dataclasses
+  from diff_transformer.model.spec import ModelSpec
+  from diff_transformer.training.metrics import executed_flops_per_token
+  base = ModelSpec(variant="diff", vocab_size=64, d_model=256, num_layers=LAYERS, num_heads=H,
+                   head_dim=D_HEAD, ffn_dim=64, max_seq_len=512)
+  spec = lambda r: dataclasses.replace(base, remat=r)
+  measured = step_flops("auto", 1, 512, remat) - step_flops("auto", 1, 512)
+  counted = 512 * (executed_flops_per_token(spec(remat), 512)[0]
+                   - executed_flops_per_token(spec("none"), 512)[0])
+  assert counted > 0 and abs(measured / counted - 1) < 0.15, (measured, counted)
 
 
 def test_auto_choice_per_platform():

@@ -49,15 +49,23 @@ def train_flops_per_token(spec: ModelSpec, seq_len: int) -> float:
 
 def executed_flops_per_token(spec: ModelSpec, seq_len: int) -> tuple[float, str]:
   """(matmul FLOPs per token the compiled train step executes, the attention kernel that runs):
-  6 x matmul weights plus what the chosen kernel computes
-  (kernels/flops.py), per layer. Without remat; a remat policy recomputes more."""
+  6 x matmul weights plus what the chosen kernel computes (kernels/flops.py) per layer, plus what
+  the remat policy recomputes in the backward: `full` the blocks' forward (weights and
+  attention), `dots_with_no_batch_dims_saveable` the attention's forward (its products have batch
+  dimensions), `dots_saveable` nothing."""
   x = jax.ShapeDtypeStruct((1, seq_len, spec.d_model), spec.compute_dtype)
   positions = jax.ShapeDtypeStruct((1, seq_len), np.int32)
   p = jax.eval_shape(lambda x, pos: variant_class(spec.variant)(spec, 0, rngs=nnx.Rngs(0)).project(
       x, pos), x, positions)
   kernel = kernels.resolve(spec.kernel, p.q1, p.k1, p.v)
-  attention = kernels.executed_flops(kernel, p.q1, p.k1, p.v, p.q2, backward=True) / seq_len
-  return 6.0 * matmul_params(spec) + spec.num_layers * attention, kernel
+  flops = lambda backward: kernels.executed_flops(kernel, p.q1, p.k1, p.v, p.q2,
+                                                  backward=backward) / seq_len * spec.num_layers
+  total = 6.0 * matmul_params(spec) + flops(True)
+  if spec.remat == "full":
+    total += 2.0 * (matmul_params(spec) - spec.vocab_size * spec.d_model) + flops(False)
+  elif spec.remat == "dots_with_no_batch_dims_saveable":
+    total += flops(False)
+  return total, kernel
 
 
 class MetricsLogger:
