@@ -57,7 +57,8 @@ def study(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
                         capture_output=True, text=True, timeout=600,
                         env={"JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT),
                              "PATH": "/usr/bin:/bin", "HOME": str(Path.home()),
-                             **{k: v for k, v in os.environ.items() if k.startswith("JAX_")}})
+                             **{k: v for k, v in os.environ.items()
+                                if k.startswith(("JAX_", "XLA_"))}})  # the session's cache, flags
 
 
 def test_quick_study_runs_end_to_end_and_resumes(tmp_path):
