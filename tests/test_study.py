@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from diff_transformer import cli
+from diff_transformer.errors import UserError, message_lines
 from diff_transformer.study import paired, summarize
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,7 +57,8 @@ def study(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
                         capture_output=True, text=True, timeout=600,
                         env={"JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT),
                              "PATH": "/usr/bin:/bin", "HOME": str(Path.home()),
-                             **{k: v for k, v in os.environ.items() if k.startswith("JAX_")}})
+                             **{k: v for k, v in os.environ.items()
+                                if k.startswith(("JAX_", "XLA_"))}})  # the session's cache, flags
 
 
 def test_quick_study_runs_end_to_end_and_resumes(tmp_path):
@@ -85,7 +88,7 @@ def test_quick_study_runs_end_to_end_and_resumes(tmp_path):
   assert again.returncode == 0 and "(0 trained now)" in again.stdout
 
 
-@pytest.mark.parametrize("text, message", [
+BAD_STUDY_FILES = [
     ("STUDY = (", "tiny_study.py:1: "),
     ("x = 1", "defines no STUDY"),
     ("import nothing_here_at_all", "tiny_study.py:1: ModuleNotFoundError"),
@@ -94,8 +97,23 @@ def test_quick_study_runs_end_to_end_and_resumes(tmp_path):
      "variants must be a non-empty subset"),
     (TINY_STUDY.replace('("train.steps", 4)', '("train.stepz", 4)'),
      "study override 'train.stepz': unknown config key"),
-])
-def test_bad_study_files_are_one_line(tmp_path, text, message):
+]
+
+
+@pytest.mark.parametrize("text, message", BAD_STUDY_FILES)
+def test_bad_study_files_are_one_user_error(tmp_path, text, message):
+  """What study.py does with --quick before training: load the file, check it and its quick form
+  (in-process; cli.run makes a UserError one line, as the next test sees end to end)."""
+  file = tmp_path / "tiny_study.py"
+  file.write_text(text)
+  with pytest.raises(UserError) as e:
+    cli.load_definition(str(file), "study", "STUDY").validate().quick().validate()
+  assert len(message_lines(e.value)) == 1 and message in str(e.value), str(e.value)
+
+
+def test_a_bad_study_file_is_one_line_from_the_cli(tmp_path):
+  """The last check study.py makes before training (the quick form's overrides)."""
+  text, message = BAD_STUDY_FILES[-1]
   file = tmp_path / "tiny_study.py"
   file.write_text(text)
   result = study(tmp_path, f"--study={file}", f"--root={tmp_path / 'root'}", "--quick")

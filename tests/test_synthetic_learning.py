@@ -3,20 +3,34 @@ setting found that learns: configs/synthetic.py:transformer-mqar_plain) recalls 
 held-out answers, and its attention at the answer position goes to the asked pair."""
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
+from child_env import optimized_env
 from configs import synthetic as presets
 from diff_transformer.evaluation import Settings, evaluate
-from diff_transformer.training import train
+
+ROOT = Path(__file__).resolve().parents[1]
+PRESET = "transformer-mqar_plain"
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
+  """train.py in a child at XLA's default optimisation level: hundreds of steps, so its run
+  time, not its compile time, dominates."""
   workdir = tmp_path_factory.mktemp("mqar_plain")
-  config = presets.get_config("transformer-mqar_plain")
-  config.train.eval_every = config.train.checkpoint_every = config.train.steps
-  summary = train(config, workdir)
-  return workdir, summary
+  steps = presets.get_config(PRESET).train.steps
+  proc = subprocess.run(
+      [sys.executable, str(ROOT / "train.py"), f"--config=configs/synthetic.py:{PRESET}",
+       f"--workdir={workdir}", f"--config.train.eval_every={steps}",
+       f"--config.train.checkpoint_every={steps}"],
+      cwd=ROOT, env=optimized_env(), capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return workdir, json.loads((workdir / "summary.json").read_text())
 
 
 def test_plain_mqar_is_learned_by_the_transformer(trained):

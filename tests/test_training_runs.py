@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from shared_dirs import built_once
+
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 10
 WORDS = ("the king queen sword crown night day love death fool storm sea ship letter "
@@ -49,8 +51,10 @@ def tiny_flags(data_path: Path, **overrides) -> list[str]:
 
 
 def env(devices: int = 1) -> dict:
+  """The session's environment (its XLA_FLAGS too: these runs compile far more than they run)."""
   e = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
-  e["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+  e["XLA_FLAGS"] = (f"{os.environ.get('XLA_FLAGS', '')} "
+                    f"--xla_force_host_platform_device_count={devices}").strip()
   return e
 
 
@@ -113,25 +117,28 @@ def logged_step(workdir: Path) -> int:
   return max(steps, default=0)
 
 
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
+def _prepare_corpus(base: Path) -> None:
   from diff_transformer.data import prepare_files
-  base = tmp_path_factory.mktemp("corpus")
   write_corpus(base / "text")
   prepare_files([base / "text"], base / "byte", tokenizer="byte", val_fraction=0.1,
                 progress=False)
-  return base / "byte"
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+  return built_once(tmp_path_factory, "corpus", _prepare_corpus) / "byte"
 
 
 @pytest.fixture(scope="module")
 def reference(corpus, tmp_path_factory) -> Path:
-  """An uninterrupted run: the losses every interrupted run must reproduce bit for bit."""
-  workdir = tmp_path_factory.mktemp("reference")
-  proc = run(workdir, tiny_flags(corpus))
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  assert sorted(int(p.name) for p in (workdir / "checkpoints").iterdir()) == [6, 9, 10]
-  assert sorted(losses(workdir)) == list(range(1, STEPS + 1))
-  return workdir
+  """An uninterrupted run: the losses every interrupted run must reproduce bit for bit (built
+  once per session: test_reliability starts from it too)."""
+  def build(workdir: Path) -> None:
+    proc = run(workdir, tiny_flags(corpus))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(int(p.name) for p in (workdir / "checkpoints").iterdir()) == [6, 9, 10]
+    assert sorted(losses(workdir)) == list(range(1, STEPS + 1))
+  return built_once(tmp_path_factory, "reference", build)
 
 
 def assert_same_losses(run_dir: Path, reference: Path) -> None:

@@ -19,6 +19,11 @@ VARIANTS = ("transformer", "diff", "shared_diff", "diff_v2")
 MESHES = ((8, 1, 1), (2, 2, 2), (1, 4, 2))
 # Micro-batches per mesh: (2, 2, 2) also checks that accumulation equals the whole batch.
 MICRO = {(8, 1, 1): 1, (2, 2, 2): 2, (1, 4, 2): 1}
+# Each sharded gradient is a compile of seconds: every variant on (2, 2, 2) (every axis split at
+# once), and each other mesh for two variants (fsdp 4 for those with a rank or 4 query heads).
+# Every (variant, mesh) pair still gets its placement checked (no compile).
+EQUALITY_MESHES = {"transformer": ((8, 1, 1), (2, 2, 2)), "diff": ((8, 1, 1), (2, 2, 2)),
+                   "shared_diff": ((2, 2, 2), (1, 4, 2)), "diff_v2": ((2, 2, 2), (1, 4, 2))}
 TOL = 1e-5
 
 
@@ -129,6 +134,8 @@ def child(out_path: str) -> None:
             **_sharding_report(trainer, state))
       state = jax.device_put(host_state, trainer.state_shardings)
       report["shardings"][key] = _sharding_report(trainer, state)
+      if shape not in EQUALITY_MESHES[variant]:
+        continue
       grads, loss = trainer.grads(state, global_batch(trainer.mesh, batch_np))
       report["equality"][key] = dict(grads=_max_diff(jax.device_get(grads), ref_grads),
                                      loss=abs(float(loss) - ref_loss))
@@ -179,8 +186,8 @@ UP = [None, "fsdp", "tensor"]  # (layers, embed, mlp) by the rules
 EMB = ["tensor", "fsdp"]  # (vocab, embed)
 
 
-@pytest.mark.parametrize("shape", MESHES, ids=lambda s: "x".join(map(str, s)))
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant, shape", [(v, m) for v in VARIANTS for m in EQUALITY_MESHES[v]],
+                         ids=lambda x: "x".join(map(str, x)) if isinstance(x, tuple) else x)
 def test_sharded_step_equals_single_device(report, variant, shape):
   r = report["equality"][f"{variant}/{tuple(shape)}"]
   assert r["loss"] <= TOL and r["grads"] <= TOL, r
