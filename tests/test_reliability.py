@@ -131,17 +131,18 @@ def test_failed_async_save_stops_the_run_in_one_line(corpus, reference, tmp_path
   shutil.copytree(reference, workdir)
   inject = tmp_path / "inject.py"
   inject.write_text(_INJECT)
-  flags = tiny_flags(corpus, **{"train.steps": 55, "train.checkpoint_every": 25,
-                                "train.eval_every": 100})
+  # A wide gap to the next save (75 steps): a loaded host's save thread may take a while to fail.
+  flags = tiny_flags(corpus, **{"train.steps": 160, "train.checkpoint_every": 75,
+                                "train.eval_every": 1000})
   proc = subprocess.run([sys.executable, str(inject), str(ROOT / "train.py"),
                          f"--workdir={workdir}", *flags], cwd=ROOT,
-                        env=dict(env(), FAIL_STEP="25"), capture_output=True, text=True,
+                        env=dict(env(), FAIL_STEP="75"), capture_output=True, text=True,
                         timeout=300)
-  assert_one_clear_line(proc, "checkpoint step 25 could not be saved", "No space left",
+  assert_one_clear_line(proc, "checkpoint step 75 could not be saved", "No space left",
                         "newest checkpoint is step 10")
   assert proc.returncode == 2
-  # Stopped as soon as the save thread failed, not at the next save (step 50) or the end.
-  assert 25 <= logged_step(workdir) < 50
+  # Stopped as soon as the save thread failed, not at the next save (step 150) or the end.
+  assert 75 <= logged_step(workdir) < 150
   assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == ["10", "6", "9"]
   _, _, step = restore_model(workdir)
   assert step == 10
