@@ -62,15 +62,16 @@ def attention(q1, k1, v, q2=None, k2=None, lam=None, *, segment_ids=None, causal
 def _block(q1, k1, v, q2, k2, lam, scale, mask_BTS) -> Array:
   batch, q_len, heads, _ = q1.shape
   kv_heads = k1.shape[2]
-  e1_BKGTS, l1_BKGT1 = _exp_rows(q1, k1, scale, mask_BTS)
-  p_BKGTS = e1_BKGTS * (1.0 / l1_BKGT1)
+  e1_BNTS, l1_BNT1 = _exp_rows(q1, k1, scale, mask_BTS)
+  p_BNTS = e1_BNTS * (1.0 / l1_BNT1)
   if q2 is not None:
-    if lam.ndim:  # per token and head [B, T, N] -> [B, K, G, T, 1]
-      lam = lam.reshape(batch, q_len, kv_heads, heads // kv_heads).transpose(0, 2, 3, 1)[..., None]
-    e2_BKGTS, l2_BKGT1 = _exp_rows(q2, k1 if k2 is None else k2, scale, mask_BTS)
+    if lam.ndim:  # per token and head [B, T, N] -> [B, N, T, 1]
+      lam = lam.transpose(0, 2, 1)[..., None]
+    e2_BNTS, l2_BNT1 = _exp_rows(q2, k1 if k2 is None else k2, scale, mask_BTS)
     # lam joins the second map's row normaliser: one reduction per map in the backward serves
     # both the softmax and lam's gradient.
-    p_BKGTS = p_BKGTS - e2_BKGTS * (lam / l2_BKGT1)
+    p_BNTS = p_BNTS - e2_BNTS * (lam / l2_BNT1)
+  p_BKGTS = p_BNTS.reshape(batch, kv_heads, heads // kv_heads, *p_BNTS.shape[2:])
   out_BTKGH = jnp.einsum("bkgts,bskh->btkgh", p_BKGTS.astype(v.dtype), v,
                          preferred_element_type=jnp.float32)
   return out_BTKGH.reshape(batch, q_len, heads, v.shape[-1]).astype(q1.dtype)
@@ -78,15 +79,16 @@ def _block(q1, k1, v, q2, k2, lam, scale, mask_BTS) -> Array:
 
 def _exp_rows(q_BTNH: Array, k_BSKH: Array, scale: float, mask_BTS: Array | None
               ) -> tuple[Array, Array]:
-  """Unnormalised float32 softmax numerators exp(logit - row max) [B, K, G, T, S] and their row
-  sums [B, K, G, T, 1]."""
+  """Unnormalised float32 softmax numerators exp(logit - row max) [B, N, T, S] and their row
+  sums [B, N, T, 1]. The map work runs on [B, N, T, S], not [B, K, G, T, S]: XLA:CPU's fused
+  reductions are many times slower over an array with a size-1 axis (G = 1 without GQA)."""
   batch, q_len, heads, width = q_BTNH.shape
   kv_heads = k_BSKH.shape[2]
   q_BTKGH = q_BTNH.reshape(batch, q_len, kv_heads, heads // kv_heads, width)
   logits = jnp.einsum("btkgh,bskh->bkgts", q_BTKGH, k_BSKH,
-                      preferred_element_type=jnp.float32) * scale
+                      preferred_element_type=jnp.float32).reshape(batch, heads, q_len, -1) * scale
   if mask_BTS is not None:
-    logits = jnp.where(mask_BTS[:, None, None], logits, jnp.finfo(jnp.float32).min)
+    logits = jnp.where(mask_BTS[:, None], logits, jnp.finfo(jnp.float32).min)
   # The row max only keeps exp in range; the result does not depend on it.
   e = jnp.exp(logits - jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True)))
   return e, jnp.sum(e, axis=-1, keepdims=True)
