@@ -23,9 +23,7 @@ def executed_flops(implementation: str, q1, k1, v, q2=None, *, causal: bool = Tr
   maps = 1 if q2 is None else 2
   area = float(q_len * kv_len)
   if implementation == "xla" and causal and q_len == kv_len and q_len > block_q:
-    block_q = xla.block_rows(q_len, block_q)
-    area = float(sum((min(q_len, s + block_q) - s) * min(q_len, s + block_q)
-                     for s in range(0, q_len, block_q)))
+    area = float(sum((end - start) * end for start, end in xla.causal_blocks(q_len, block_q)))
   elif implementation in ("cudnn", "pallas") and causal:
     area /= 2
   per_area = 2.0 * batch * heads * area

@@ -29,9 +29,11 @@ BLOCK_Q = 64
 MAX_BLOCKS = 8
 
 
-def block_rows(q_len: int, block_q: int = BLOCK_Q) -> int:
-  """Query rows per causal block: block_q, widened where T needs more than MAX_BLOCKS."""
-  return max(block_q, -(-q_len // MAX_BLOCKS))
+def causal_blocks(q_len: int, block_q: int = BLOCK_Q) -> list[tuple[int, int]]:
+  """(start, end) query rows of each causal block: block_q rows, widened where T needs more than
+  MAX_BLOCKS; block i attends to keys [0, end_i)."""
+  rows = max(block_q, -(-q_len // MAX_BLOCKS))
+  return [(start, min(q_len, start + rows)) for start in range(0, q_len, rows)]
 
 
 def attention(q1, k1, v, q2=None, k2=None, lam=None, *, segment_ids=None, causal=True, scale=None,
@@ -45,9 +47,7 @@ def attention(q1, k1, v, q2=None, k2=None, lam=None, *, segment_ids=None, causal
                                 mask=mask)
     return _block(q1, k1, v, q2, k2, lam_f32, scale, mask_BTS)
   outs = []
-  block_q = block_rows(q_len, block_q)
-  for start in range(0, q_len, block_q):
-    end = min(q_len, start + block_q)
+  for start, end in causal_blocks(q_len, block_q):
     mask_BTS = (jnp.arange(start, end)[:, None] >= jnp.arange(end)[None, :])[None]
     if segment_ids is not None:
       mask_BTS = mask_BTS & (segment_ids[:, start:end, None] == segment_ids[:, None, :end])
