@@ -1,5 +1,6 @@
 """export.py: every variant (MHA and GQA, tied and untied) loads in transformers with equal logits
-(<= 1e-4, float32) and equal greedy generations; what a target cannot hold is refused in one line."""
+(<= 1e-4, float32) and equal greedy generations, and imports back bit for bit; what a target
+cannot hold is refused in one line."""
 from __future__ import annotations
 
 import subprocess
@@ -37,21 +38,21 @@ def _id(case) -> str:
 
 @pytest.fixture(scope="module", params=CASES, ids=_id)
 def exported(request, tmp_path_factory):
+  """(case, HF folder, the run's restored model)."""
   from diff_transformer.interop.export import export_run
   variant, gqa, tie, extra = request.param
   tmp = tmp_path_factory.mktemp(_id(request.param))
   workdir = hf_runs.make_run(tmp / "run", hf_runs.run_config(variant, gqa=gqa, tie=tie, **extra))
   export_run(workdir, tmp / "hf")
-  return request.param, workdir, tmp / "hf"
+  return request.param, tmp / "hf", hf_runs.restored(workdir)
 
 
-def _ours_float32(workdir: Path):
-  """The restored model computing in float32 (a bfloat16 run's float32 master weights): its
-  state merged into the float32 spec's graph (abstract: nothing is initialised twice)."""
+def _float32(model):
+  """The model computing in float32 (a bfloat16 run's float32 master weights): its state merged
+  into the float32 spec's graph (abstract: nothing is initialised twice)."""
   import dataclasses
   from flax import nnx
   from diff_transformer.params import abstract_model
-  model = hf_runs.restored(workdir)
   graphdef, _ = nnx.split(abstract_model(dataclasses.replace(model.spec, dtype="float32")))
   return nnx.merge(graphdef, nnx.state(model))
 
@@ -62,14 +63,14 @@ def test_logits_and_greedy_generation_match(exported):
   from diff_transformer.data.tokenizer import ByteTokenizer
   from diff_transformer.evaluation import decoding
   from diff_transformer.evaluation.common import Fns
-  (variant, _, tie, _), workdir, out = exported
+  (variant, _, tie, _), out, model = exported
   hf = transformers.AutoModelForCausalLM.from_pretrained(
       out, dtype=torch.float32, trust_remote_code=variant == "diff_v2").eval()
   expected = {"transformer": "LlamaForCausalLM", "diff_v2": "DiffV2ForCausalLM"}.get(
       variant, "DiffLlamaForCausalLM")
   assert type(hf).__name__ == expected
   assert hf.config.tie_word_embeddings == tie
-  ours = Fns(_ours_float32(workdir))
+  ours = Fns(_float32(model))
   tokens = hf_runs.random_tokens(3, 48)
   with torch.no_grad():
     theirs = hf(torch.from_numpy(tokens)).logits.numpy()
@@ -89,7 +90,7 @@ def test_logits_and_greedy_generation_match(exported):
 def test_tokenizer_and_generation_config(exported):
   import transformers
   from diff_transformer.data.tokenizer import ByteTokenizer
-  (variant, _, _, _), _, out = exported
+  (variant, _, _, _), out, _ = exported
   tok = transformers.AutoTokenizer.from_pretrained(out, trust_remote_code=variant == "diff_v2")
   text = "Exported: héllo wörld\n\t🙂"
   assert tok(text)["input_ids"] == ByteTokenizer().encode(text)
@@ -98,6 +99,17 @@ def test_tokenizer_and_generation_config(exported):
   assert gen.eos_token_id == ByteTokenizer.eot_id == tok.eos_token_id
   padded = list(range(ByteTokenizer.vocab_size, hf_runs.VOCAB))  # rows no byte id reaches
   assert gen.suppress_tokens == padded and len(padded) == 7
+
+
+def test_export_imports_back_bitwise(exported):
+  """--config.init_from_hf of an export gives the run's parameters exactly (dtype included)."""
+  from diff_transformer.interop.hf_import import import_params
+  _, out, model = exported
+  original = hf_runs.flat_params(model)
+  imported = import_params(model.spec, out)
+  assert set(imported) == set(original)
+  for name, value in original.items():
+    assert imported[name].dtype == value.dtype and np.array_equal(imported[name], value), name
 
 
 @pytest.mark.parametrize("field,value,needle", [

@@ -123,8 +123,9 @@ def check(variant, *, causal, seg, tol, dtype=jnp.float32, **kw):
     out = attention(*(full[n] for n in ARG_NAMES), segment_ids=sid, causal=causal, **kw)
     return jnp.sum(out.astype(jnp.float32) * do), out
 
-  (_, out), grads = jax.value_and_grad(loss, argnums=tuple(range(len(names))), has_aux=True)(
-      *(args[n] for n in names))
+  # One compiled program (op-by-op dispatch would compile each op of both passes on its own).
+  (_, out), grads = jax.jit(jax.value_and_grad(loss, argnums=tuple(range(len(names))),
+                                               has_aux=True))(*(args[n] for n in names))
   ref_out, ref_grads = np_attention(args, do, causal=causal, seg=seg_ids)
   errors = {"out": rel_err(out, ref_out)}
   errors.update({n: rel_err(g, ref_grads[n]) for n, g in zip(names, grads)})
