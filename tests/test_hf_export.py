@@ -58,6 +58,7 @@ def _float32(model):
 
 
 def test_logits_and_greedy_generation_match(exported):
+  import jax.numpy as jnp
   import torch
   import transformers
   from diff_transformer.data.tokenizer import ByteTokenizer
@@ -70,11 +71,11 @@ def test_logits_and_greedy_generation_match(exported):
       variant, "DiffLlamaForCausalLM")
   assert type(hf).__name__ == expected
   assert hf.config.tie_word_embeddings == tie
-  ours = Fns(_float32(model))
+  ours = _float32(model)
   tokens = hf_runs.random_tokens(3, 48)
   with torch.no_grad():
     theirs = hf(torch.from_numpy(tokens)).logits.numpy()
-  mine = np.asarray(ours.logits(tokens))
+  mine = np.asarray(ours(jnp.asarray(tokens)))
   diff = float(np.abs(mine - theirs).max())
   MAX_DIFF[_id(exported[0])] = diff
   print(f"{_id(exported[0])}: max |logit diff| {diff:.2e}")
@@ -83,7 +84,7 @@ def test_logits_and_greedy_generation_match(exported):
   with torch.no_grad():
     hf_out = hf.generate(torch.from_numpy(prompts), max_new_tokens=32, do_sample=False,
                          min_new_tokens=32)[:, prompts.shape[1]:].numpy()
-  mine = decoding.generate(ours, prompts.tolist(), 32, num_ids=ByteTokenizer.vocab_size)
+  mine = decoding.generate(Fns(ours), prompts.tolist(), 32, num_ids=ByteTokenizer.vocab_size)
   assert hf_out.tolist() == mine  # neither picks the padded rows 257..263
 
 
