@@ -65,5 +65,12 @@ def restored(workdir: Path):
   return restore_model(workdir)[0]
 
 
+def flat_params(model) -> dict[str, np.ndarray]:
+  """The model's parameters by their dotted names (what export and import map)."""
+  from flax import nnx
+  from diff_transformer.interop import weights
+  return weights.flatten(nnx.to_pure_dict(nnx.split(model, nnx.Param, ...)[1]))
+
+
 def random_tokens(batch: int, length: int, seed: int = 0) -> np.ndarray:
   return np.random.default_rng(seed).integers(0, 257, (batch, length)).astype(np.int64)

@@ -1,5 +1,6 @@
 """eval.py end to end on a tiny run trained on 8 fake devices: the same `loss` result on the
-training mesh and on other meshes, every suite in --quick mode, --compare, and bad inputs."""
+training mesh and on other meshes, every suite in --quick mode, --compare, and bad inputs (one
+real eval.py error line; the other refusals through `evaluate`, the function eval.py calls)."""
 import json
 import os
 import shutil
@@ -9,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from device_env import fake_devices_env
+
 ROOT = Path(__file__).resolve().parents[1]
-ENV = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=8",
-           PYTHONPATH=str(ROOT))
+ENV = dict(fake_devices_env(8), JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
 TINY = ["--config.model.vocab_size=264", "--config.model.d_model=64",
         "--config.model.num_layers=2", "--config.model.num_heads=2", "--config.model.head_dim=16",
         "--config.model.ffn_dim=128", "--config.model.max_seq_len=128",
@@ -51,37 +53,48 @@ def trained(tmp_path_factory):
 
 def eval_loss(workdir, *mesh_flag) -> float:
   run("eval.py", f"--workdir={workdir}", "--suites=loss", "--val_batches=4", *mesh_flag)
+  return loss_of(workdir)
+
+
+def loss_of(workdir) -> float:
   return json.loads((workdir / "eval" / "loss.json").read_text())["loss"]
 
 
-def test_loss_is_the_same_on_any_mesh(trained):
-  on_training_mesh = eval_loss(trained, "--mesh=4,2,1")
-  on_tensor_mesh = eval_loss(trained, "--mesh=2,1,4")
-  on_one_device = eval_loss(trained)
-  assert on_tensor_mesh == pytest.approx(on_training_mesh, abs=1e-5)
-  assert on_one_device == pytest.approx(on_training_mesh, abs=1e-5)
-
-
-def test_every_suite_quick_then_compare(trained, tmp_path):
+@pytest.fixture(scope="module")
+def every_suite(trained) -> float:
+  """Every suite in --quick mode on one device (no --mesh); returns its `loss` result (4 val
+  batches, as eval_loss), the one-device side of the mesh comparison."""
   run("eval.py", f"--workdir={trained}", "--suites=all", "--quick", "--needle_configs=1x1",
       "--needle_lengths=128", f"--icl_data={trained.parent / 'icl.jsonl'}",
-      "--max_new_tokens=8")
+      "--max_new_tokens=8", "--val_batches=4")
+  return loss_of(trained)
+
+
+def test_loss_is_the_same_on_any_mesh(trained, every_suite):
+  on_training_mesh = eval_loss(trained, "--mesh=4,2,1")
+  on_tensor_mesh = eval_loss(trained, "--mesh=2,1,4")
+  assert on_tensor_mesh == pytest.approx(on_training_mesh, abs=1e-5)
+  assert every_suite == pytest.approx(on_training_mesh, abs=1e-5)
+
+
+def test_every_suite_quick_then_compare(trained, every_suite, tmp_path):
+  from diff_transformer.evaluation import report
   out = trained / "eval"
   for suite in ("loss", "long_context", "needle", "attention", "outliers", "quantization", "icl",
                 "generate"):
     result = json.loads((out / f"{suite}.json").read_text())
     assert result["suite"] == suite and result["variant"] == "diff"
-  report = (out / "report.md").read_text()
-  assert "## needle" in report and "A1 - lambda A2" in report
+  report_md = (out / "report.md").read_text()
+  assert "## needle" in report_md and "A1 - lambda A2" in report_md
   for plot in ("needle.png", "long_context.png", "quantization.png", "icl.png", "attention.png"):
     assert (out / plot).stat().st_size > 0
   gen = json.loads((out / "generate.json").read_text())
   assert all(s["greedy_matches_full_forward"] for s in gen["samples"])
   assert gen["kv_cache"]["key_heads"] == 2 * 2 and gen["kv_cache"]["value_width"] == 2 * 16
-  # --compare: the same run twice under two names.
+  # --compare (what eval.py --compare calls): the same run twice under two names.
   other = tmp_path / "copy"
   shutil.copytree(trained, other)
-  run("eval.py", "--compare", str(trained), str(other), f"--compare_dir={tmp_path / 'cmp'}")
+  report.compare([str(trained), str(other)], tmp_path / "cmp")
   table = (tmp_path / "cmp" / "compare.md").read_text()
   assert "run (diff)" in table and "copy (diff)" in table and "val loss" in table
   assert (tmp_path / "cmp" / "long_context.png").is_file()
@@ -95,27 +108,32 @@ def one_error_line(proc) -> str:
   return last
 
 
-def test_workdir_without_checkpoints(trained, tmp_path):
-  empty = tmp_path / "empty"
-  empty.mkdir()
-  for name in ("config.json", "tokenizer_record.json"):
-    shutil.copy(trained / name, empty / name)
-  line = one_error_line(run("eval.py", f"--workdir={empty}", "--suites=loss", check=False))
-  assert "no checkpoint" in line
-  line = one_error_line(run("eval.py", f"--workdir={tmp_path / 'nothing'}", check=False))
-  assert "not a training workdir" in line
+def refusal(workdir, suite: str, **settings) -> str:
+  """The one-line EvalError `evaluate` (what eval.py runs) raises for this workdir and setting."""
+  from diff_transformer.evaluation import EvalError, Settings, evaluate
+  with pytest.raises(EvalError) as e:
+    evaluate(workdir, [suite], settings=Settings.for_mode(True, **settings))
+  assert "\n" not in str(e.value)
+  return str(e.value)
 
 
-def test_unknown_suite(trained):
+def test_unknown_suite_is_one_line_from_eval_py(trained):
   line = one_error_line(run("eval.py", f"--workdir={trained}", "--suites=loss,nedle",
                             check=False))
   assert "unknown suite 'nedle'" in line
 
 
+def test_workdir_without_checkpoints(trained, tmp_path):
+  empty = tmp_path / "empty"
+  empty.mkdir()
+  for name in ("config.json", "tokenizer_record.json"):
+    shutil.copy(trained / name, empty / name)
+  assert "no checkpoint" in refusal(empty, "loss")
+  assert "not a training workdir" in refusal(tmp_path / "nothing", "loss")
+
+
 def test_context_beyond_the_model(trained):
-  line = one_error_line(run("eval.py", f"--workdir={trained}", "--suites=long_context",
-                            "--context_len=4096", check=False))
-  assert "context length 4096 exceeds the model's max_seq_len 128" in line
-  line = one_error_line(run("eval.py", f"--workdir={trained}", "--suites=needle",
-                            "--needle_lengths=512", check=False))
-  assert "context length 512 exceeds the model's max_seq_len 128" in line
+  assert ("context length 4096 exceeds the model's max_seq_len 128"
+          in refusal(trained, "long_context", context_len=4096))
+  assert ("context length 512 exceeds the model's max_seq_len 128"
+          in refusal(trained, "needle", needle_lengths=(512,)))

@@ -16,6 +16,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("lm_eval")
 
+from device_env import fake_devices_env  # noqa: E402
 from tests import hf_runs  # noqa: E402
 
 os.environ["HF_DATASETS_OFFLINE"] = "1"
@@ -151,8 +152,7 @@ def test_scores_on_several_devices_match_one(run_and_export, tmp_path):
       f"texts = {texts!r}\n"
       "print(json.dumps(lm.loglikelihood_rolling("
       "[Instance('loglikelihood_rolling', {}, (t,), i) for i, t in enumerate(texts)], True)))\n")
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT),
-             XLA_FLAGS="--xla_force_host_platform_device_count=2")
+  env = dict(fake_devices_env(2), JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
   r = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True,
                      text=True, timeout=300)
   assert r.returncode == 0, r.stderr[-2000:]

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from jax.experimental.pallas import tpu as pltpu
 
+from device_env import fake_devices_env
 from diff_transformer.kernels.pallas import attention
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -122,8 +123,9 @@ def check(variant, *, causal, seg, tol, dtype=jnp.float32, **kw):
     out = attention(*(full[n] for n in ARG_NAMES), segment_ids=sid, causal=causal, **kw)
     return jnp.sum(out.astype(jnp.float32) * do), out
 
-  (_, out), grads = jax.value_and_grad(loss, argnums=tuple(range(len(names))), has_aux=True)(
-      *(args[n] for n in names))
+  # One compiled program (op-by-op dispatch would compile each op of both passes on its own).
+  (_, out), grads = jax.jit(jax.value_and_grad(loss, argnums=tuple(range(len(names))),
+                                               has_aux=True))(*(args[n] for n in names))
   ref_out, ref_grads = np_attention(args, do, causal=causal, seg=seg_ids)
   errors = {"out": rel_err(out, ref_out)}
   errors.update({n: rel_err(g, ref_grads[n]) for n, g in zip(names, grads)})
@@ -252,25 +254,29 @@ SHARDED_SCRIPT = textwrap.dedent("""
 
 
 def test_sharded_attention_on_fake_devices():
-  proc = _run(["-c", SHARDED_SCRIPT], {"XLA_FLAGS": "--xla_force_host_platform_device_count=4"})
+  proc = _run(["-c", SHARDED_SCRIPT], {"XLA_FLAGS": fake_devices_env(4)["XLA_FLAGS"]})
   assert proc.returncode == 0 and "SHARDED_OK" in proc.stdout, proc.stderr[-3000:]
 
 
-def test_lowering_tpu_mosaic_and_gpu_triton(tmp_path):
-  out = tmp_path / "lower.json"
-  proc = _run(["benchmarks/lower_kernels.py", "--no-aot", "--json", str(out)])
+@pytest.fixture(scope="module")
+def lowered(tmp_path_factory) -> dict:
+  """One run of benchmarks/lower_kernels.py: TPU/Triton lowering, plus the v5e AOT compile
+  where libtpu is installed (the script records it as skipped otherwise)."""
+  out = tmp_path_factory.mktemp("lower") / "lower.json"
+  proc = _run(["benchmarks/lower_kernels.py", "--json", str(out)])
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-  rows = json.loads(out.read_text())["lowering"]
+  return json.loads(out.read_text())
+
+
+def test_lowering_tpu_mosaic_and_gpu_triton(lowered):
+  rows = lowered["lowering"]
   assert {r["platform"] for r in rows} == {"tpu", "cuda"}
   assert all(r["ok"] for r in rows), [r for r in rows if not r["ok"]]
 
 
-def test_tpu_aot_compile_v5e(tmp_path):
+def test_tpu_aot_compile_v5e(lowered):
   pytest.importorskip("libtpu", reason="AOT TPU compile needs libtpu (pip install 'jax[tpu]')")
-  out = tmp_path / "aot.json"
-  proc = _run(["benchmarks/lower_kernels.py", "--aot-only", "--json", str(out)])
-  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-  rows = json.loads(out.read_text())["aot"]
+  rows = lowered["aot"]
   assert rows and all(r["ok"] for r in rows), rows
   # What XLA reserves per chip for the arguments is what their shard shapes say (plus alignment
   # padding): the wrapper shards batch and heads instead of gathering them onto each chip.

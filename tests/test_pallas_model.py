@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from configs import default
+from device_env import fake_devices_env
 from diff_transformer.config import validate
 from diff_transformer.training.mesh import make_mesh
 from diff_transformer.training.step import Trainer
@@ -78,7 +79,7 @@ print(json.dumps(out))
 
 
 def test_pallas_inside_sharded_step_matches_single_device():
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
+  env = dict(fake_devices_env(4), JAX_PLATFORMS="cpu")
   out = subprocess.run([sys.executable, "-c", SHARDED], cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=900)
   assert out.returncode == 0, out.stderr[-3000:]
