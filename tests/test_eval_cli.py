@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from device_env import fake_devices_env
+from child_env import fake_devices_env
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = dict(fake_devices_env(8), JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))

@@ -16,7 +16,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("lm_eval")
 
-from device_env import fake_devices_env  # noqa: E402
+from child_env import fake_devices_env  # noqa: E402
 from tests import hf_runs  # noqa: E402
 
 os.environ["HF_DATASETS_OFFLINE"] = "1"

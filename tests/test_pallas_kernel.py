@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from jax.experimental.pallas import tpu as pltpu
 
-from device_env import fake_devices_env
+from child_env import fake_devices_env
 from diff_transformer.kernels.pallas import attention
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from configs import default
-from device_env import fake_devices_env
+from child_env import fake_devices_env
 from diff_transformer.config import validate
 from diff_transformer.training.mesh import make_mesh
 from diff_transformer.training.step import Trainer

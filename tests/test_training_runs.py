@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from child_env import fake_devices_env
 from shared_dirs import built_once
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,10 +53,8 @@ def tiny_flags(data_path: Path, **overrides) -> list[str]:
 
 def env(devices: int = 1) -> dict:
   """The session's environment (its XLA_FLAGS too: these runs compile far more than they run)."""
-  e = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
-  e["XLA_FLAGS"] = (f"{os.environ.get('XLA_FLAGS', '')} "
-                    f"--xla_force_host_platform_device_count={devices}").strip()
-  return e
+  return fake_devices_env(devices, dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT),
+                                        PYTHONUNBUFFERED="1"))
 
 
 def train_cmd(workdir: Path, flags: list[str], *extra: str) -> list[str]:
