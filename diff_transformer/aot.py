@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from diff_transformer import kernels
 from diff_transformer.errors import UserError, first_line
 from diff_transformer.training.mesh import (batch_sharding, check_parallelism, data_parallel_size,
                                             make_mesh)
@@ -76,7 +77,8 @@ def compile_train_step(config: ml_collections.ConfigDict, topology: str) -> AotR
                                      ("segment_ids", jnp.int32), ("positions", jnp.int32),
                                      ("weights", jnp.float32))}
   try:
-    compiled = trainer.lower_train_step(abstract_batch).compile()
+    with kernels.auto.target_platform("tpu"):  # kernel='auto' as it runs on the TPU: pallas
+      compiled = trainer.lower_train_step(abstract_batch).compile()
   except Exception as e:  # noqa: BLE001 - out-of-memory and other compile errors are results
     result.error = first_line(e)
     return result

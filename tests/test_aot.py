@@ -12,10 +12,8 @@ def test_diff_830m_compiles_for_v5e_2x2_within_hbm():
   c = scaling.get_config("diff-830m")
   c.mesh.data, c.mesh.fsdp = 1, -1
   c.model.remat = "full"
-  # What kernel='auto' runs on the TPU itself (kernels/auto.py), named since a CPU host resolves
-  # 'auto' to 'xla'; compiling the xla path's unrolled causal blocks instead took longer than
-  # the whole 24-layer step with the fused kernel.
-  c.model.kernel = "pallas"
+  # kernel='auto' (the preset's): aot.py resolves it for the TPU, i.e. the fused Pallas kernel.
+  assert c.model.kernel == "auto"
   c.train.global_batch_size = 4  # one 2048-token sequence per chip
   result = aot.compile_train_step(validate(c), "v5e:2x2")
   assert result.compiled, result.error

@@ -96,3 +96,6 @@ def test_auto_choice_per_platform():
   assert auto.choose(shape(64, jnp.float32), shape(64, jnp.float32), shape(64, jnp.float32),
                      platform="gpu") == "pallas"
   assert auto.choose(q, k, shape(64), platform="tpu", explicit_mask=True) == "xla"
+  with auto.target_platform("tpu"):  # an ahead-of-time TPU compile on this CPU host
+    assert auto.choose(q, k, shape(64)) == "pallas"
+  assert auto.choose(q, k, shape(64)) == "xla"

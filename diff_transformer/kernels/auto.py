@@ -8,21 +8,35 @@
   multiple of 8), else the fused Pallas (Triton) kernel.
 - TPU (by rule, not measured here): the fused Pallas (Mosaic) kernel.
 An explicit mask (KV-cache decoding) always takes 'xla': the fused kernels take causal and
-segment masks only. The platform is the default backend at trace time, so an ahead-of-time
-compile for a TPU from a CPU host (aot.py) resolves to 'xla'; name the kernel there.
+segment masks only. The platform is the default backend at trace time, or the one set by
+`target_platform` (aot.py compiles for a TPU from a CPU host under `target_platform("tpu")`).
 """
 from __future__ import annotations
+
+import contextlib
 
 import jax
 import jax.numpy as jnp
 
 CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
 CUDNN_MAX_WIDTH = 128
+_TARGETS: list[str] = []  # innermost target_platform last
+
+
+@contextlib.contextmanager
+def target_platform(platform: str):
+  """Inside: 'auto' chooses for `platform` instead of the default backend (a program traced
+  here runs elsewhere, e.g. an ahead-of-time TPU compile on a CPU host)."""
+  _TARGETS.append(platform)
+  try:
+    yield
+  finally:
+    _TARGETS.pop()
 
 
 def choose(q1, k1, v, *, explicit_mask: bool = False, platform: str | None = None) -> str:
   """The kernel name 'auto' stands for with these inputs (arrays or ShapeDtypeStructs)."""
-  platform = platform or jax.default_backend()
+  platform = platform or (_TARGETS[-1] if _TARGETS else jax.default_backend())
   if explicit_mask or platform == "cpu":
     return "xla"
   if platform == "tpu":
