@@ -184,7 +184,7 @@ def test_kernel_gradients_match_float64(path, case):
     return jnp.sum(out * do), out
 
   # One compiled program: op-by-op dispatch would compile every op of the forward and backward
-  # on its own (about 6x the CPU time).
+  # on its own (several times the CPU time).
   (_, out), grads = jax.jit(jax.value_and_grad(loss, argnums=tuple(range(len(names))),
                                                has_aux=True))(*(args[n] for n in names))
   ref_out, ref_grads = np_attention(args, do, causal=True, seg=seg_ids)

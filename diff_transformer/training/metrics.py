@@ -60,9 +60,10 @@ def executed_flops_per_token(spec: ModelSpec, seq_len: int) -> tuple[float, str]
   kernel = kernels.resolve(spec.kernel, p.q1, p.k1, p.v)
   flops = lambda backward: kernels.executed_flops(kernel, p.q1, p.k1, p.v, p.q2,
                                                   backward=backward) / seq_len * spec.num_layers
-  total = 6.0 * matmul_params(spec) + flops(True)
-  if spec.remat == "full":
-    total += 2.0 * (matmul_params(spec) - spec.vocab_size * spec.d_model) + flops(False)
+  weights = matmul_params(spec)
+  total = 6.0 * weights + flops(True)
+  if spec.remat == "full":  # the blocks' weights: all but the LM head
+    total += 2.0 * (weights - spec.vocab_size * spec.d_model) + flops(False)
   elif spec.remat == "dots_with_no_batch_dims_saveable":
     total += flops(False)
   return total, kernel
