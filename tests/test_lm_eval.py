@@ -57,13 +57,25 @@ def tasks(tmp_path_factory) -> Path:
   return _write_tasks(tmp_path_factory.mktemp("lm_eval") / "tasks")
 
 
-@pytest.fixture(scope="module", params=["transformer", "diff"])
-def run_and_export(request, tmp_path_factory):
+VARIANTS = ("transformer", "diff")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict:
+  """{variant: (workdir, exported HF folder)} for both variants, built once for the module."""
   from diff_transformer.interop.export import export_run
-  tmp = tmp_path_factory.mktemp(request.param)
-  workdir = hf_runs.make_run(tmp / "run", hf_runs.run_config(request.param))
-  export_run(workdir, tmp / "hf")
-  return request.param, workdir, tmp / "hf"
+  out = {}
+  for variant in VARIANTS:
+    tmp = tmp_path_factory.mktemp(variant)
+    workdir = hf_runs.make_run(tmp / "run", hf_runs.run_config(variant))
+    export_run(workdir, tmp / "hf")
+    out[variant] = (workdir, tmp / "hf")
+  return out
+
+
+@pytest.fixture(params=VARIANTS)
+def run_and_export(request, runs):
+  return (request.param, *runs[request.param])
 
 
 def _evaluate(model: str, model_args: str, tasks: Path) -> dict:
@@ -115,8 +127,8 @@ def test_adapter_matches_lm_eval_hf_on_the_export(run_and_export, tasks):
   assert _responses(ours, "dt_gen") == _responses(theirs, "dt_gen")
 
 
-def test_command_line_writes_lm_eval_outputs(tmp_path, tasks):
-  workdir = hf_runs.make_run(tmp_path / "run", hf_runs.run_config("transformer"))
+def test_command_line_writes_lm_eval_outputs(runs, tmp_path, tasks):
+  workdir, _ = runs["transformer"]  # read only: the outputs go to --output_path
   env = dict(os.environ, JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
              PYTHONPATH=str(ROOT))
   r = subprocess.run([sys.executable, "-m", "diff_transformer.lm_eval", "--model_args",
@@ -134,30 +146,33 @@ def test_command_line_writes_lm_eval_outputs(tmp_path, tasks):
   assert any(n.startswith("samples_dt_mc") for n in written), written
 
 
-def test_scores_on_several_devices_match_one(run_and_export, tmp_path):
+def test_scores_on_several_devices_match_one(runs):
   """Restored onto 2 (fake CPU) devices with a batch that does not divide evenly, the adapter
-  scores as on one device."""
+  scores as on one device (both variants in one child)."""
   from lm_eval.api.instance import Instance
   from diff_transformer.lm_eval.model import DiffTransformerLM
-  _, workdir, _ = run_and_export
   texts = ["the king sword", "a letter to the sea and the storm", "ghost castle river night " * 4]
-  one = DiffTransformerLM(workdir=str(workdir), batch_size=3).loglikelihood_rolling(
+  workdirs = {variant: str(workdir) for variant, (workdir, _) in runs.items()}
+  one = {variant: DiffTransformerLM(workdir=workdir, batch_size=3).loglikelihood_rolling(
       [Instance("loglikelihood_rolling", {}, (t,), i) for i, t in enumerate(texts)])
+      for variant, workdir in workdirs.items()}
   script = (
       "import json, sys\n"
       "from lm_eval.api.instance import Instance\n"
       "from diff_transformer.lm_eval.model import DiffTransformerLM\n"
       "import jax; assert jax.local_device_count() == 2\n"
-      f"lm = DiffTransformerLM(workdir={str(workdir)!r}, batch_size=3)\n"
       f"texts = {texts!r}\n"
-      "print(json.dumps(lm.loglikelihood_rolling("
-      "[Instance('loglikelihood_rolling', {}, (t,), i) for i, t in enumerate(texts)], True)))\n")
+      "print(json.dumps({variant: DiffTransformerLM(workdir=workdir, batch_size=3)"
+      ".loglikelihood_rolling([Instance('loglikelihood_rolling', {}, (t,), i) "
+      f"for i, t in enumerate(texts)], True) for variant, workdir in {workdirs!r}.items()}}))\n")
   env = dict(fake_devices_env(2), JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
   r = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True,
                      text=True, timeout=300)
   assert r.returncode == 0, r.stderr[-2000:]
   two = json.loads(r.stdout.strip().splitlines()[-1])
-  assert np.allclose(one, two, atol=1e-4, rtol=0)
+  assert two.keys() == one.keys()
+  for variant in VARIANTS:
+    assert np.allclose(one[variant], two[variant], atol=1e-4, rtol=0), variant
 
 
 def test_generate_until_samples_reproducibly_from_gen_kwargs(run_and_export):
