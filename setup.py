@@ -27,8 +27,7 @@ setup(
         "scipy>=1.11",
     ],
     extras_require={
-        # xdist 3.8: --no-loadscope-reorder (pytest.ini); filelock: runs shared by the workers.
-        "test": ["pytest>=8", "pytest-xdist>=3.8", "filelock>=3.12"],
+        "test": ["pytest>=8", "pytest-xdist>=3.5", "filelock>=3.12"],  # filelock: shared test runs
         "tpu": ["jax[tpu]>=0.10.2,<0.11"],
         "cuda12": ["jax[cuda12]>=0.10.2,<0.11"],
         # Hugging Face export/import, lm-eval and tiktoken files. Tested: transformers 5.23.0,

@@ -28,20 +28,3 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 if OPT_LEVEL_FLAG not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {OPT_LEVEL_FLAG}=0".strip()
 
-
-# Modules by their measured cost (CPU seconds in a whole `-n 2` run, most first). pytest.ini turns
-# off xdist's own order (modules with more tests first), which left the single-test modules that
-# take a minute (the AOT compile, the MQAR run) for last, with the other worker idle; the longest
-# first keeps both workers busy to the end. The order changes only the wall time. Modules not
-# named keep their file order after these.
-LONGEST_FIRST = (
-    "test_aot.py", "test_reliability.py", "test_synthetic_learning.py", "test_study.py",
-    "test_lm_eval.py", "test_eval_cli.py", "test_hf_export.py", "test_training_sharding.py",
-    "test_pallas_model.py", "test_pallas_kernel.py", "test_training_runs.py",
-    "test_training_learning.py", "test_sweep_resume.py", "test_model.py", "test_eval_kvcache.py",
-)
-
-
-def pytest_collection_modifyitems(items):
-  rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-  items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: file order kept
