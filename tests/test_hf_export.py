@@ -82,8 +82,15 @@ def test_logits_and_greedy_generation_match(exported):
   assert diff <= 1e-4
   prompts = hf_runs.random_tokens(2, 8, seed=1)
   with torch.no_grad():
-    hf_out = hf.generate(torch.from_numpy(prompts), max_new_tokens=32, do_sample=False,
-                         min_new_tokens=32)[:, prompts.shape[1]:].numpy()
+    gen = hf.generate(torch.from_numpy(prompts), max_new_tokens=32, do_sample=False,
+                      min_new_tokens=32, output_logits=True, return_dict_in_generate=True)
+    # generate's logits come one token at a time off the KV cache: they must be the full
+    # forward's over the same tokens (a cache left unfilled or misplaced fails here, by name).
+    cached = torch.stack(gen.logits, 1).numpy()
+    full = hf(gen.sequences).logits[:, prompts.shape[1] - 1:-1].numpy()
+  cache_diff = float(np.abs(cached - full).max())
+  assert cache_diff <= 1e-4, f"cached decoding is off the full forward by {cache_diff:.2e}"
+  hf_out = gen.sequences[:, prompts.shape[1]:].numpy()
   mine = decoding.generate(Fns(ours), prompts.tolist(), 32, num_ids=ByteTokenizer.vocab_size)
   assert hf_out.tolist() == mine  # neither picks the padded rows 257..263
 

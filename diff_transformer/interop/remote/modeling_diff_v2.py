@@ -35,7 +35,7 @@ class DiffV2Attention(nn.Module):
     self.o_proj = nn.Linear(heads * self.head_dim, hidden, bias=False)
     self.lambda_proj = nn.Linear(hidden, heads, bias=False)
 
-  def forward(self, hidden_states, position_embeddings, attention_mask=None,
+  def forward(self, hidden_states, position_embeddings, attention_mask=None, cache=None,
               past_key_values=None, **kwargs):
     input_shape = hidden_states.shape[:-1]
     shape = (*input_shape, -1, self.head_dim)
@@ -44,8 +44,11 @@ class DiffV2Attention(nn.Module):
     v = self.v_proj(hidden_states).view(shape).transpose(1, 2)
     cos, sin = position_embeddings
     q, k = apply_rotary_pos_emb(q, k, cos, sin)
-    if past_key_values is not None:
-      k, v = past_key_values.update(k, v, self.layer_idx)
+    # The decoder layer hands the cache over as past_key_values (transformers 5.23) or as cache
+    # (5.24 on): take either, or the cache is never filled and each cached step sees only itself.
+    cache = cache if cache is not None else past_key_values
+    if cache is not None:
+      k, v = cache.update(k, v, self.layer_idx)
     attend = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation,
                                                    eager_attention_forward)
     out, weights = attend(self, q, k, v, attention_mask, dropout=0.0, scaling=self.scaling,
