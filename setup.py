@@ -30,9 +30,9 @@ setup(
         "test": ["pytest>=8", "pytest-xdist>=3.5", "filelock>=3.12"],  # filelock: shared test runs
         "tpu": ["jax[tpu]>=0.10.2,<0.11"],
         "cuda12": ["jax[cuda12]>=0.10.2,<0.11"],
-        # Hugging Face export/import, lm-eval and tiktoken files. Tested: transformers 5.23.0,
-        # torch 2.13.0+cpu, safetensors 0.8.0, lm-eval 0.4.13, accelerate 1.15.0 (lm-eval's hf
-        # model needs it), tiktoken 0.14.0. For the CPU build of torch add
+        # Hugging Face export/import, lm-eval and tiktoken files. Tested: transformers 5.23.0 with
+        # torch 2.13.0+cpu and transformers 5.24.0 with torch 2.14.1; safetensors 0.8.0, lm-eval
+        # 0.4.13, accelerate 1.15.0 (lm-eval's hf model needs it), tiktoken 0.14.0. For the CPU build of torch add
         # --extra-index-url https://download.pytorch.org/whl/cpu.
         "hf": ["transformers>=5.23,<6", "torch>=2.13,<3", "safetensors>=0.8,<0.9",
                "lm-eval>=0.4.13,<0.5", "accelerate>=1.15,<2", "tiktoken>=0.14,<0.15"],
