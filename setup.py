@@ -27,7 +27,8 @@ setup(
         "scipy>=1.11",
     ],
     extras_require={
-        "test": ["pytest>=8", "pytest-xdist>=3.5", "filelock>=3.12"],  # filelock: shared test runs
+        # xdist 3.8: --no-loadscope-reorder (pytest.ini); filelock: test runs shared by workers
+        "test": ["pytest>=8", "pytest-xdist>=3.8", "filelock>=3.12"],
         "tpu": ["jax[tpu]>=0.10.2,<0.11"],
         "cuda12": ["jax[cuda12]>=0.10.2,<0.11"],
         # Hugging Face export/import, lm-eval and tiktoken files. Tested: transformers 5.23.0 with

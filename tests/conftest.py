@@ -4,9 +4,11 @@ import shutil
 import sys
 import tempfile
 
+import pytest
+
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from child_env import OPT_LEVEL_FLAG  # noqa: E402  (tests/ is on sys.path under pytest)
+from child_env import with_fast_compile  # noqa: E402  (tests/ is on sys.path under pytest)
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # libtpu may be installed for AOT compiles
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # parallel test workers share libtpu
@@ -21,10 +23,37 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
   atexit.register(shutil.rmtree, _cache_dir, ignore_errors=True)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
-# Most tests compile tiny programs and run them a few times, so LLVM's optimisation of the CPU
-# code is most of their cost: compile it unoptimised (same HLO, same XLA passes; measured 40% less
-# CPU time on tests/test_model.py). A test that trains for many steps runs its child process with
-# `child_env.optimized_env()` instead. An XLA_FLAGS that already names the level wins.
-if OPT_LEVEL_FLAG not in os.environ.get("XLA_FLAGS", ""):
-  os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {OPT_LEVEL_FLAG}=0".strip()
+# Most tests compile tiny programs and run them a few times, so compiling is most of their cost:
+# child_env.FAST_COMPILE_FLAGS for the session and every child process. A test that trains for
+# many steps runs its child with `child_env.optimized_env()` instead. A flag that XLA_FLAGS
+# already names wins.
+os.environ["XLA_FLAGS"] = with_fast_compile(os.environ.get("XLA_FLAGS", ""))
 
+
+def pytest_addoption(parser):
+  parser.addoption("--run-long", action="store_true",
+                   help="also run the tests marked long (their point is their scale)")
+
+
+# Modules by their cost in a whole `-n 2` run (seconds, most first; the hf ones where the extra is
+# installed). pytest.ini turns off xdist's own order (modules with more tests first), which leaves
+# the few-test modules that take half a minute (the study, the MQAR run, the sharding child) for
+# last beside an idle worker. The order changes only the wall time; modules not named follow in
+# file order.
+LONGEST_FIRST = (
+    "test_study.py", "test_synthetic_learning.py", "test_training_sharding.py", "test_lm_eval.py",
+    "test_eval_cli.py", "test_hf_export.py", "test_training_runs.py", "test_training_learning.py",
+    "test_pallas_kernel.py", "test_reliability.py", "test_pallas_model.py", "test_sweep_resume.py",
+    "test_hf_import.py", "test_eval_kvcache.py", "test_model.py", "test_attention_numerics.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+  rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+  items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: file order kept
+  if config.getoption("--run-long"):
+    return
+  skip = pytest.mark.skip(reason="marked long: run with --run-long")
+  for item in items:
+    if "long" in item.keywords:
+      item.add_marker(skip)

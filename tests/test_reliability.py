@@ -1,7 +1,11 @@
-"""Faults and bad input end to end: divergence never leaves a bad checkpoint to resume from, a
-failed save stops the run in one line, one writer per workdir, a changed batch size is recorded
-(on the resume after a divergence), and every bad input is one `error:` line with a non-zero exit
-and no traceback (cli.run).
+"""Faults and bad input: divergence never leaves a bad checkpoint to resume from, a failed save
+stops the run in one line, one writer per workdir, a changed batch size is recorded (on the resume
+after a divergence), and every bad input is one line.
+
+The programs (train.py, sweep.py, aot_compile.py, prepare_data.py) are started where their own
+handling is the point: the whole of stderr is one `error:` line, exit status 2, no traceback
+(cli.run). The training library's refusals (workdir, data, config.json, saves) run in-process
+(test_training_runs.train_here) and must be one-line UserErrors, which cli.run prints as that line.
 """
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ import numpy as np
 import pytest
 
 from test_training_runs import (ROOT, assert_one_clear_line, corpus, env, logged_step,  # noqa: F401
-                                losses, reference, run, tiny_flags, tree_digest)
+                                losses, reference, refused_here, run, train_here, tree_digest)
 
 
 def run_program(script: str, *args: str, cwd: Path = ROOT, timeout: float = 300
@@ -46,31 +50,36 @@ def _umount(target: Path) -> None:
 
 
 # ---- faults --------------------------------------------------------------------------------
-def test_divergence_keeps_only_good_checkpoints_and_resume_trains(corpus, reference, tmp_path):
+def test_divergence_keeps_only_good_checkpoints_and_resume_trains(corpus, reference, tmp_path,
+                                                                 capsys):
   """Also the resume with a changed batch size: said once, recorded, and trained on."""
+  from flax import nnx
+  import jax
   from diff_transformer.training import restore_model
   workdir = tmp_path / "run"
   shutil.copytree(reference, workdir)
   before = tree_digest(workdir / "checkpoints" / "10")
   # A checkpoint every step while the learning rate blows the parameters up.
-  blow_up = run(workdir, tiny_flags(corpus, **{"train.steps": 30, "train.lr": 1e30,
-                                               "train.final_lr": 1e30,
-                                               "train.checkpoint_every": 1}))
-  line = assert_one_clear_line(blow_up, "not finite", "last good checkpoint (step 10)")
+  line = refused_here(workdir, corpus, ("not finite", "last good checkpoint (step 10)"),
+                      **{"train.steps": 30, "train.lr": 1e30, "train.final_lr": 1e30,
+                         "train.checkpoint_every": 1})
   assert sorted(int(p.name) for p in (workdir / "checkpoints").iterdir()) == [6, 9, 10], line
   assert tree_digest(workdir / "checkpoints" / "10") == before  # the pre-blow-up parameters
+  model, _, step = restore_model(workdir)
+  assert step == 10 and all(np.isfinite(np.asarray(p)).all()
+                            for p in jax.tree.leaves(nnx.state(model, nnx.Param)))
   # Resuming with a sane learning rate (and twice the batch) trains on without NaN.
-  resumed = run(workdir, tiny_flags(corpus, **{"train.steps": 13, "train.checkpoint_every": 1,
-                                               "train.global_batch_size": 16}))
-  assert resumed.returncode == 0, resumed.stderr[-3000:]
-  assert "Resumed from checkpoint step 10" in resumed.stdout
+  capsys.readouterr()
+  train_here(workdir, corpus, **{"train.steps": 13, "train.checkpoint_every": 1,
+                                 "train.global_batch_size": 16})
+  out = capsys.readouterr()
+  assert "Resumed from checkpoint step 10" in out.out
   got = losses(workdir)
   assert all(np.isfinite(got[s]).all() for s in (11, 12, 13)), got
   _, _, step = restore_model(workdir)
   assert step == 13
-  said = [l for l in (resumed.stdout + resumed.stderr).splitlines()
-          if "global_batch_size 16" in l]
-  assert len(said) == 1 and "(was 8)" in said[0], resumed.stdout[-2000:]
+  said = [l for l in (out.out + out.err).splitlines() if "global_batch_size 16" in l]
+  assert len(said) == 1 and "(was 8)" in said[0], out.out[-2000:]
   rows = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
   resume = [r for r in rows if r["kind"] == "resume"]
   assert resume == [dict(resume[0], step=10, previous_global_batch_size=8,
@@ -121,36 +130,24 @@ def test_guard_loss_spike_is_off_by_default_and_bounded_when_set():
     DivergenceGuard(_FakeCheckpointer([1, 2])).check_state(2, float("inf"))
 
 
-_INJECT = '''"""train.py with a write error injected into the commit of checkpoint step $FAIL_STEP."""
-import errno, os, runpy, sys
-from orbax.checkpoint._src.path import atomicity
-_finalize = atomicity.AtomicRenameTemporaryPath.finalize
-async def finalize(self, *args, **kwargs):
-  if self.get_final().name == os.environ["FAIL_STEP"]:
-    raise OSError(errno.ENOSPC, "No space left on device", str(self.get()))
-  return await _finalize(self, *args, **kwargs)
-atomicity.AtomicRenameTemporaryPath.finalize = finalize
-sys.argv = sys.argv[1:]
-runpy.run_path(sys.argv[0], run_name="__main__")
-'''
-
-
-def test_failed_async_save_stops_the_run_in_one_line(corpus, reference, tmp_path):
+def test_failed_async_save_stops_the_run_in_one_line(corpus, reference, tmp_path, monkeypatch):
+  import errno
+  from orbax.checkpoint._src.path import atomicity
   from diff_transformer.training import restore_model
   workdir = tmp_path / "run"
   shutil.copytree(reference, workdir)
-  inject = tmp_path / "inject.py"
-  inject.write_text(_INJECT)
+  finalize = atomicity.AtomicRenameTemporaryPath.finalize
+
+  async def failing_finalize(self, *args, **kwargs):  # a write error in step 75's commit
+    if self.get_final().name == "75":
+      raise OSError(errno.ENOSPC, "No space left on device", str(self.get()))
+    return await finalize(self, *args, **kwargs)
+
+  monkeypatch.setattr(atomicity.AtomicRenameTemporaryPath, "finalize", failing_finalize)
   # A wide gap to the next save (75 steps): a loaded host's save thread may take a while to fail.
-  flags = tiny_flags(corpus, **{"train.steps": 160, "train.checkpoint_every": 75,
-                                "train.eval_every": 1000})
-  proc = subprocess.run([sys.executable, str(inject), str(ROOT / "train.py"),
-                         f"--workdir={workdir}", *flags], cwd=ROOT,
-                        env=dict(env(), FAIL_STEP="75"), capture_output=True, text=True,
-                        timeout=300)
-  assert_one_clear_line(proc, "checkpoint step 75 could not be saved", "No space left",
-                        "newest checkpoint is step 10")
-  assert proc.returncode == 2
+  refused_here(workdir, corpus, ("checkpoint step 75 could not be saved", "No space left",
+                                 "newest checkpoint is step 10"),
+               **{"train.steps": 160, "train.checkpoint_every": 75, "train.eval_every": 1000})
   # Stopped as soon as the save thread failed, not at the next save (step 150) or the end.
   assert 75 <= logged_step(workdir) < 150
   assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == ["10", "6", "9"]
@@ -163,8 +160,8 @@ def test_full_file_system_refuses_the_save_in_one_line(corpus, tmp_path):
   if not _mount_tmpfs(fs, "size=512k"):
     pytest.skip("mounting a small tmpfs needs root")
   try:
-    proc = run(fs / "run", tiny_flags(corpus, **{"train.steps": 4}))
-    assert_one_clear_line(proc, "checkpoint step 3", "MB free", "no checkpoint")
+    refused_here(fs / "run", corpus, ("checkpoint step 3", "MB free", "no checkpoint"),
+                 **{"train.steps": 4})
     assert list((fs / "run" / "checkpoints").iterdir()) == []  # no partial directory
   finally:
     _umount(fs)
@@ -183,8 +180,7 @@ def test_second_writer_is_refused_and_a_stale_lock_recovered(corpus, tmp_path):
       text=True)
   try:
     assert holder.stdout.readline().strip() == "locked"
-    second = run(workdir, tiny_flags(corpus))
-    assert_single_stderr_line(second, "another training run holds it", f"pid {holder.pid}")
+    refused_here(workdir, corpus, ("another training run holds it", f"pid {holder.pid}"))
     assert not (workdir / "checkpoints").exists()
     with pytest.raises(TrainError, match="another training run"):
       WorkdirLock(workdir).acquire()
@@ -241,8 +237,7 @@ def test_damaged_config_json_in_workdir(corpus, tmp_path):
   workdir = tmp_path / "run"
   workdir.mkdir()
   (workdir / "config.json").write_text('{"model": {"variant": ')
-  proc = run(workdir, tiny_flags(corpus))
-  assert_single_stderr_line(proc, f"{workdir / 'config.json'}: damaged JSON", "line 1")
+  refused_here(workdir, corpus, (f"{workdir / 'config.json'}: damaged JSON", "line 1"))
   assert (workdir / "config.json").read_text() == '{"model": {"variant": '  # left as it was
 
 
@@ -250,15 +245,14 @@ def test_damaged_metadata_json_in_data_dir(corpus, tmp_path):
   data = tmp_path / "data"
   shutil.copytree(corpus, data)
   (data / "metadata.json").write_text("{not json")
-  proc = run(tmp_path / "run", tiny_flags(data))
-  assert_single_stderr_line(proc, f"{data / 'metadata.json'}: damaged JSON")
+  refused_here(tmp_path / "run", data, (f"{data / 'metadata.json'}: damaged JSON",))
 
 
 def test_workdir_that_is_a_file(corpus, tmp_path):
   path = tmp_path / "a_file"
   path.write_text("keep me")
-  proc = run(path, tiny_flags(tmp_path / "no_such_data"))  # refused before data is looked at
-  assert_single_stderr_line(proc, f"--workdir {path}: is a file")
+  # Refused before the data is looked at.
+  refused_here(path, tmp_path / "no_such_data", (f"--workdir {path}: is a file",))
   assert path.read_text() == "keep me"
 
 
@@ -270,8 +264,7 @@ def test_read_only_workdir(corpus, tmp_path):
   elif not _mount_tmpfs(ro, "ro,size=64k"):
     pytest.skip("a read-only directory needs chmod (non-root) or a read-only mount (root)")
   try:
-    proc = run(ro / "run", tiny_flags(corpus))
-    assert_single_stderr_line(proc, f"--workdir {ro / 'run'}: cannot create")
+    refused_here(ro / "run", corpus, (f"--workdir {ro / 'run'}: cannot create",))
   finally:
     if os.geteuid() == 0:
       _umount(ro)

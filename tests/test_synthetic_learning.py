@@ -1,6 +1,11 @@
 """The instruments read true: a small Transformer trained briefly on plain MQAR (the smallest
 setting found that learns: configs/synthetic.py:transformer-mqar_plain) recalls >= 0.9 of
-held-out answers, and its attention at the answer position goes to the asked pair."""
+held-out answers, and its attention at the answer position goes to the asked pair.
+
+Marked long (about 25 s of training on 2 cores, more beside another test): run it with
+`--run-long`. Every run of the suite still trains and evaluates on the synthetic tasks end to end
+(tests/test_study.py, tests/test_synthetic.py); this test is the one that needs them learned.
+"""
 from __future__ import annotations
 
 import json
@@ -33,6 +38,7 @@ def trained(tmp_path_factory):
   return workdir, json.loads((workdir / "summary.json").read_text())
 
 
+@pytest.mark.long  # 300 real training steps: run time, not compile time (--run-long)
 def test_plain_mqar_is_learned_by_the_transformer(trained):
   workdir, summary = trained
   settings = Settings(task_rows=256, task_attention_rows=8, seed=3)
