@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from test_training_runs import (ROOT, assert_one_clear_line, corpus, env, logged_step,  # noqa: F401
-                                losses, reference, refused_here, run, train_here, tree_digest)
+                                losses, reference, refused_here, train_here, tree_digest)
 
 
 def run_program(script: str, *args: str, cwd: Path = ROOT, timeout: float = 300

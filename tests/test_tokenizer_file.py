@@ -4,9 +4,6 @@ changed is refused on resume in one line."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,8 +11,6 @@ import pytest
 
 from diff_transformer.data import DataError, prepare_files, read_metadata
 from diff_transformer.data.tokenizer import FileTokenizer
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _user_tokenizer(path: Path, texts: list[str]) -> Path:
@@ -66,22 +61,18 @@ def test_bad_tokenizer_file_is_one_line(tmp_path, prepared):
 
 
 def test_changed_tokenizer_file_is_refused_on_resume(prepared, tmp_path):
+  """In-process (what train.py runs; its one `error:` line is checked in test_reliability)."""
   from tokenizers import Tokenizer
-  from tests.test_training_runs import tiny_flags
+  from test_training_runs import refused_here, train_here
   tmp, _, _ = prepared
   data = tmp_path / "data"
   import shutil
   shutil.copytree(tmp / "data", data)
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
   # The presets' padding: model.vocab_size (tiny_flags' value) gives way to the 300 ids
   # rounded up to 128.
-  flags = tiny_flags(data, **{"data.tokenizer": "file", "model.vocab_multiple": 128,
-                              "train.steps": 2, "train.eval_every": 2})
-  train = lambda *extra: subprocess.run(
-      [sys.executable, str(ROOT / "train.py"), f"--workdir={tmp_path / 'run'}", *flags, *extra],
-      cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-  first = train()
-  assert first.returncode == 0, first.stderr[-2000:]
+  overrides = {"data.tokenizer": "file", "model.vocab_multiple": 128, "train.steps": 2,
+               "train.eval_every": 2}
+  train_here(tmp_path / "run", data, **overrides)
   record = json.loads((tmp_path / "run" / "tokenizer_record.json").read_text())
   assert record["name"] == "file" and record["vocab_size"] == 300
   assert record["vocab_padding"] == 84
@@ -95,10 +86,7 @@ def test_changed_tokenizer_file_is_refused_on_resume(prepared, tmp_path):
   tok = Tokenizer.from_file(str(data / "tokenizer.json"))
   tok.add_tokens(["castle-of-the-king"])
   tok.save(str(data / "tokenizer.json"))
-  again = train("--config.train.steps=4")
-  lines = again.stderr.strip().splitlines()
-  assert again.returncode != 0 and lines[-1].startswith("error:") and "tokenizer" in lines[-1]
-  assert not any("Traceback" in l for l in lines), again.stderr[-2000:]
+  refused_here(tmp_path / "run", data, ("tokenizer",), **dict(overrides, **{"train.steps": 4}))
 
 
 def _tiktoken_file(path: Path, text: str) -> Path:
