@@ -1,8 +1,9 @@
 """What the test suite's XLA flags (tests/child_env.py: FAST_COMPILE_FLAGS) save: each flag set
 added in turn, one fresh process per setting and round (XLA reads its flags once), pinned to one
-core as under `pytest -n 2` on two cores. Each process builds the four variants' tiny trainers,
-compiles their init, train and eval steps and runs 20 train steps. Rounds are interleaved; the
-median and range over rounds are printed and written to benchmarks/results/compile_flags.json.
+core as under `pytest -n 2` on two cores. Each process builds every registered variant's tiny
+trainer (GQA), compiles their init, train and eval steps and runs 20 train steps each. Rounds are
+interleaved; the median and range over rounds are printed and written to
+benchmarks/results/compile_flags.json.
 
   python benchmarks/compile_flags.py [--rounds 3]
 """
@@ -27,19 +28,24 @@ import numpy as np  # noqa: E402
 from jax import monitoring  # noqa: E402
 
 from child_env import FAST_COMPILE_FLAGS  # noqa: E402
+from diff_transformer import params  # noqa: E402
 from diff_transformer.config import base_config, validate  # noqa: E402
+from diff_transformer.model.attention import variant_names  # noqa: E402
 from diff_transformer.training.mesh import make_mesh  # noqa: E402
 from diff_transformer.training.step import Trainer  # noqa: E402
 
 STEPS = 20
-HEADS = {"transformer": (4, 2), "diff": (2, 1), "shared_diff": (2, 1), "diff_v2": (4, 2)}
+D, HEAD_DIM = 32, 8
 
 
 def measure_here() -> dict:
   """Runs in the child: compile and run seconds of the tiny steps under this XLA_FLAGS."""
   seconds: dict[str, float] = {}
-  monitoring.register_event_duration_secs_listener(
-      lambda event, d, **_: seconds.__setitem__(event, seconds.get(event, 0.0) + d))
+
+  def add(event: str, duration: float, **_) -> None:
+    seconds[event] = seconds.get(event, 0.0) + duration
+
+  monitoring.register_event_duration_secs_listener(add)
   rng = np.random.default_rng(0)
   B, T = 4, 40
   batch = dict(inputs=rng.integers(0, 96, (B, T)).astype(np.int32),
@@ -49,10 +55,11 @@ def measure_here() -> dict:
                weights=np.ones((B, T), np.float32))
   run = 0.0
   start = time.perf_counter()
-  for variant, (heads, kv_heads) in HEADS.items():
+  for variant in variant_names():
+    heads = params.heads_for(variant, D, HEAD_DIM)
     c = base_config()
-    c.model.update(dict(variant=variant, vocab_size=96, d_model=32, num_layers=2, head_dim=8,
-                        ffn_dim=64, max_seq_len=T, num_heads=heads, num_kv_heads=kv_heads,
+    c.model.update(dict(variant=variant, vocab_size=96, d_model=D, num_layers=2, head_dim=HEAD_DIM,
+                        ffn_dim=64, max_seq_len=T, num_heads=heads, num_kv_heads=max(1, heads // 2),
                         rank=4 if variant == "shared_diff" else 0, kernel="xla"))
     c.data.seq_len, c.train.global_batch_size = T, B
     trainer = Trainer(validate(c), make_mesh(c.mesh, devices=jax.devices()[:1]))
@@ -64,9 +71,10 @@ def measure_here() -> dict:
       state, metrics = trainer.train_step(state, batch)
     float(metrics["loss"])
     run += time.perf_counter() - t0
-  short = lambda e: e.rsplit("/", 1)[-1].replace("_duration", "")
+  compile_events = {e.rsplit("/", 1)[-1].replace("_duration", ""): v
+                    for e, v in seconds.items() if e.startswith("/jax/core/compile")}
   return dict(wall_s=time.perf_counter() - start, run_s=run,
-              **{f"{short(e)}_s": v for e, v in seconds.items() if e.startswith("/jax/core/compile")})
+              **{f"{name}_s": v for name, v in compile_events.items()})
 
 
 def settings() -> list[tuple[str, str]]:

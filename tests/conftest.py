@@ -37,9 +37,9 @@ def pytest_addoption(parser):
 
 # Modules by their cost in a whole `-n 2` run (seconds, most first; the hf ones where the extra is
 # installed). pytest.ini turns off xdist's own order (modules with more tests first), which leaves
-# the few-test modules that take half a minute (the study, the MQAR run, the sharding child) for
-# last beside an idle worker. The order changes only the wall time; modules not named follow in
-# file order.
+# the few-test modules that take half a minute (the study, the sharding child, the eval CLI run;
+# the MQAR run with --run-long) for last beside an idle worker. The order changes only the wall
+# time; modules not named follow in file order.
 LONGEST_FIRST = (
     "test_study.py", "test_synthetic_learning.py", "test_training_sharding.py", "test_lm_eval.py",
     "test_eval_cli.py", "test_hf_export.py", "test_training_runs.py", "test_training_learning.py",

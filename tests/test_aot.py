@@ -39,8 +39,9 @@ def compile_and_check(config):
 
 def test_narrow_diff_compiles_for_v5e_2x2():
   """The 830M preset's vocabulary, heads of 96 and kernel, 2 layers of width 192, 256 tokens."""
-  compile_and_check(preset_on_v5e_2x2(256, d_model=192, num_heads=1, num_kv_heads=1, num_layers=2,
-                                      ffn_dim=512))
+  heads = params.heads_for("diff", 192, scaling.get_config("diff-830m").model.head_dim)
+  compile_and_check(preset_on_v5e_2x2(256, d_model=192, num_heads=heads, num_kv_heads=heads,
+                                      num_layers=2, ffn_dim=512))
 
 
 @pytest.mark.long

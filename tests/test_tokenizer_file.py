@@ -68,7 +68,7 @@ def test_changed_tokenizer_file_is_refused_on_resume(prepared, tmp_path):
   data = tmp_path / "data"
   import shutil
   shutil.copytree(tmp / "data", data)
-  # The presets' padding: model.vocab_size (tiny_flags' value) gives way to the 300 ids
+  # The presets' padding: model.vocab_size (tiny_overrides' value) gives way to the 300 ids
   # rounded up to 128.
   overrides = {"data.tokenizer": "file", "model.vocab_multiple": 128, "train.steps": 2,
                "train.eval_every": 2}

@@ -66,9 +66,7 @@ def train_here(workdir: Path, data_path: Path, **overrides) -> dict:
   from diff_transformer.config import validate
   from diff_transformer.training import train
   config = default.get_config()
-  for key, value in tiny_overrides(data_path, **overrides).items():
-    section, name = key.split(".")
-    config[section][name] = value
+  config.update_from_flattened_dict(tiny_overrides(data_path, **overrides))
   return train(validate(config), workdir)
 
 
