@@ -2,11 +2,13 @@
 cores, parameter-matched per variant as the scaling presets are.
 
 Select with `--config=configs/synthetic.py:<variant>-<task>`, task one of:
-  mqar_plain   plain MQAR (8 single-token keys, 4 asked, T=64): the sanity task plain
-               attention solves (a Transformer reaches >= 0.9 answer accuracy in ~250 steps)
-  mqar         compositional MQAR (4 x 4 two-token keys, 8 asked, T=96): every asked pair has
-               6 partial-match distractors; the study task (configs/studies/retrieval.py)
-  needle       multi-needle retrieval (4 needles, 2 asked, 2 prefix-sharing distractors, T=128)
+  mqar_plain   plain MQAR (8 single-token keys, 4 asked, T=64, BLANK query-region filler): the
+               sanity task plain attention solves (a Transformer reaches >= 0.9 answer accuracy
+               in ~250 steps)
+  mqar         compositional MQAR (4 x 4 two-token keys, 8 asked, T=96, key-pool filler): every
+               asked pair has 6 partial-match distractors; the study task
+               (configs/studies/retrieval.py)
+  needle       multi-needle retrieval (4 needles, 2 asked, 2 key-grid distractors, T=128)
 
 All variants: D=64, 2 layers, head width 16 (Transformer 4 heads, DIFF/Shared DIFF 2 differential
 heads, DIFF V2 4 heads / 8 query heads; Shared DIFF rank 8), a width-4 short convolution on every
@@ -22,8 +24,8 @@ from diff_transformer.params import heads_for, matched_variant
 
 TASKS = {
     # task: (data.name, data.task overrides, seq_len, steps)
-    "mqar_plain": ("mqar", dict(compositional=False, num_keys=8, num_queries=4, vocab_size=128),
-                   64, 300),
+    "mqar_plain": ("mqar", dict(compositional=False, num_keys=8, num_queries=4, vocab_size=128,
+                                filler="blank"), 64, 300),
     "mqar": ("mqar", dict(compositional=True, num_keys=4, num_queries=8, vocab_size=256), 96,
              800),
     "needle": ("needle", dict(needles=4, asked=2, distractors=2, vocab_size=256), 128, 800),

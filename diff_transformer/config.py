@@ -42,10 +42,12 @@ def task_config() -> ml_collections.ConfigDict:
       query_power=0.1,  # mqar: query slot i drawn with weight (i + 1)^(power - 1) (Zoology's gaps)
       needles=4,  # needle: real needles per row
       asked=2,  # needle: needles asked at the end
-      distractors=0,  # needle: extra needles sharing the first key token of an asked needle
+      distractors=0,  # needle: extra needles taking ka and kb of two different asked needles
       depth_min=0.0,  # needle: needles start within this fraction band of the haystack
       depth_max=1.0,
-      filler="random",  # needle: haystack tokens (random ids from the filler pool)
+      # needle: haystack ids ("random": the filler pool); mqar: query-region filler ("random":
+      # key-pool ids, "blank": the one BLANK id)
+      filler="random",
       heldout_buckets=16,  # 1 / this of the content-hash space is the eval split
   ))
 

@@ -23,7 +23,9 @@ def test_attention_shares_of_a_hand_built_softmax_map():
   row = np.array([0.05, 0.05, 0.3, 0.3, 0.05, 0.05, 0.1, 0.0, 0.04, 0.06, 0.0, 0.0])
   masks = attention.span_masks(hand_built_sample(), prompt_len=10, width=12)
   got = attention.shares(np.stack([row, row]), masks)
-  assert got == pytest.approx(dict(answer=0.6, noise=0.2, other_needles=0.1, query=0.1))
+  assert got["signed"] == pytest.approx(dict(answer=0.6, noise=0.2, other_needles=0.1, query=0.1))
+  assert got["abs"] == pytest.approx(got["signed"])  # a softmax map has no negative mass
+  assert got["negative"] == pytest.approx(dict(answer=0, noise=0, other_needles=0, query=0))
 
 
 def test_attention_shares_of_a_hand_built_differential_map():
@@ -40,7 +42,17 @@ def test_attention_shares_of_a_hand_built_differential_map():
   assert rows.shape == (1, 1, 2, T)
   # M: answer 2 x (0.3 - 0.125) = 0.35, noise 5 x (0.06 - 0.05) = 0.05, query 0.1; sum|M| 0.5
   got = attention.shares(rows[0, 0], attention.span_masks(hand_built_sample(), 10, T))
-  assert got == pytest.approx(dict(answer=0.7, noise=0.1, other_needles=0.0, query=0.2))
+  assert got["signed"] == pytest.approx(dict(answer=0.7, noise=0.1, other_needles=0.0, query=0.2))
+  # Anti-attention on noise: M noise = 0.06 - 0.5 * 0.2 = -0.04 per token, 5 tokens; sum|M| 0.65.
+  a2[..., 9, noise] = 0.2
+  rows = attention.query_rows(dict(A1=a1, A2=a2, **{"lambda": lam}), np.array([9]))
+  got = attention.shares(rows[0, 0], attention.span_masks(hand_built_sample(), 10, T))
+  assert got["signed"] == pytest.approx(dict(answer=0.35 / 0.65, noise=-0.2 / 0.65,
+                                             other_needles=0.0, query=0.1 / 0.65))
+  assert got["abs"] == pytest.approx(dict(answer=0.35 / 0.65, noise=0.2 / 0.65,
+                                          other_needles=0.0, query=0.1 / 0.65))
+  assert got["negative"]["noise"] == pytest.approx(0.2 / 0.65)
+  assert sum(got["abs"].values()) == pytest.approx(1.0)
 
 
 @pytest.fixture(scope="module")

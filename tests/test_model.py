@@ -90,3 +90,29 @@ def test_forward_and_grad_finite(variant, dtype):
   assert all(bool(jnp.isfinite(g).all()) for g in leaves)
   assert all(g.dtype == jnp.float32 for g in leaves)  # float32 parameters whatever the compute dtype
   assert sum(float(jnp.abs(g).sum()) > 0 for g in leaves) == len(leaves)
+
+
+def _initial_logit_rms(preset: str, **model) -> float:
+  """rms of the initial attention logits q.k/sqrt(d) on random tokens, over three init seeds."""
+  from configs import synthetic as presets
+  from diff_transformer.evaluation import common, outliers
+  from diff_transformer.model.spec import ModelSpec
+  c = presets.get_config(preset)
+  c.model.update(model)
+  spec = ModelSpec.from_config(c.model)
+  out = []
+  for seed in range(3):
+    tok = np.random.default_rng(seed).integers(4, 256, (2, 48)).astype(np.int32)
+    batch = dict(inputs=tok, segment_ids=np.ones_like(tok), positions=np.tile(np.arange(48), (2, 1)))
+    fns = common.Fns(build_model(spec, nnx.Rngs(seed)))
+    out.append(outliers.analyse(fns, batch)["overall"]["attention_logits"]["rms"])
+  return float(np.mean(out))
+
+
+def test_shared_diff_default_init_starts_at_diff_v1_logit_scale():
+  """The default lowrank_init keeps Shared DIFF's initial attention logits within 2x of DIFF
+  V1's; the old fan_in default started them ~50x larger (docs/results/shared_diff_init.md)."""
+  diff = _initial_logit_rms("diff-mqar")
+  shared = _initial_logit_rms("shared_diff-mqar")
+  assert 0.5 < shared / diff < 2.0, (shared, diff)
+  assert _initial_logit_rms("shared_diff-mqar", lowrank_init="fan_in") / diff > 10

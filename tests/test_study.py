@@ -13,7 +13,8 @@ import pytest
 
 from diff_transformer import cli
 from diff_transformer.errors import UserError, message_lines
-from diff_transformer.study import paired, runner, summarize
+from diff_transformer.study import paired, report, runner, summarize
+from diff_transformer.study.stats import censored_median, holm, min_p, sign_flip_p
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_STUDY = """
@@ -27,13 +28,13 @@ def make(variant):
   return c
 
 STUDY = Study(name="tiny", make=make, seeds=(0, 1, 2), variants=("transformer", "diff_v2"),
-              eval_rows=16, attention_rows=2, quick_seeds=(0, 1),
+              eval_rows=16, attention_rows=2, quick_seeds=(0, 1), quick_lr_grid=(1e-3, 3e-3),
               quick_overrides=(("train.steps", 4), ("train.checkpoint_every", 4)))
 get_config = STUDY.get_config
 """
 
 
-def test_paired_interval_matches_a_hand_computation():
+def test_paired_interval_and_exact_p_match_a_hand_computation():
   variant = {0: 0.50, 1: 0.70, 2: 0.65, 3: 0.40}
   base = {0: 0.45, 1: 0.60, 2: 0.66, 3: 0.30, 9: 1.0}  # seed 9 has no partner: left out
   d = [0.05, 0.10, -0.01, 0.10]
@@ -42,14 +43,52 @@ def test_paired_interval_matches_a_hand_computation():
   half = 3.182446305284263 * sd / 2  # t(0.975, 3) * sd / sqrt(4)
   got = paired(variant, base)
   assert got["n"] == 4
-  assert got["mean_diff_vs_transformer"] == pytest.approx(mean)
+  assert got["mean_diff"] == pytest.approx(mean)
   assert got["ci95_low"] == pytest.approx(mean - half) and got["ci95_high"] == pytest.approx(
       mean + half)
+  # Of the 16 sign flips of (0.05, 0.10, -0.01, 0.10), |sum| >= 0.24 only for all-same-sign
+  # ones: (+,+,+,+) 0.24 and its mirror; (+,+,-,+) gives 0.26 and its mirror. 4 / 16.
+  assert got["p"] == pytest.approx(4 / 16)
   assert math.isnan(paired({0: 1.0}, {0: 0.5})["ci95_low"])
+  assert paired({0: 1.0}, {0: 0.5})["p"] == 1.0  # one pair: both signs tie
+  assert min_p(5) == 2 / 32 and sign_flip_p([1, 2, 3, 4, 5]) == 2 / 32
   s = summarize([1.0, 2.0, 4.0, float("nan")])
   assert s["n"] == 3 and s["mean"] == pytest.approx(7 / 3)
   assert s["std"] == pytest.approx(math.sqrt(((1 - 7 / 3) ** 2 + (2 - 7 / 3) ** 2 +
                                               (4 - 7 / 3) ** 2) / 2))
+
+
+def test_holm_matches_a_hand_computation():
+  # Sorted 0.01, 0.02, 0.04, 0.30: x4, x3, x2, x1 = 0.04, 0.06, 0.08, 0.30 (running max kept).
+  got = holm({"a": 0.04, "b": 0.01, "c": 0.30, "d": 0.02, "e": math.nan})
+  assert got["b"] == pytest.approx(0.04) and got["d"] == pytest.approx(0.06)
+  assert got["a"] == pytest.approx(0.08) and got["c"] == pytest.approx(0.30)
+  assert math.isnan(got["e"])
+  assert holm({"x": 0.5, "y": 0.4}) == {"x": 0.8, "y": 0.8}  # capped running max, not 1.0
+
+
+def test_steps_to_90_keeps_a_run_that_never_reached_it():
+  never = [(100, 0.2), (200, 0.6), (300, 0.858)]
+  assert runner.first_step(never, 0.9) == (300.0, False)  # censored at the last step
+  assert runner.first_step([(100, 0.5), (200, 0.93)], 0.9) == (200.0, True)
+  assert runner.still_rising(never) and not runner.still_rising([(100, 0.9), (300, 0.905)])
+  runs = [dict(variant="diff_v2", steps_to_90=t, reached_90=r, still_rising=False)
+          for t, r in ((150.0, True), (250.0, True), (300.0, False))]
+  got = report.censoring(runs, "diff_v2")
+  assert got["reached_90"] == "2/3" and got["steps_to_90_median"] == 250.0
+  runs[1].update(steps_to_90=300.0, reached_90=False)  # most never reached: no median
+  assert report.censoring(runs, "diff_v2")["steps_to_90_median"] is None
+  assert censored_median([300.0, 100.0, 200.0], [True] * 3) == 200.0
+
+
+def test_informative_slices_use_the_highest_floor():
+  floor = dict(random=0.0625, elimination=0.083, one_key=0.25, one_key_elimination=0.33)
+  result = dict(chance={"a": floor, "b": floor},
+                summary={"transformer": {"accuracy:a": dict(mean=0.40, std=0.1, n=5),
+                                         "accuracy:b": dict(mean=0.60, std=0.1, n=5),
+                                         "reached_90": "0/5"}})
+  # 0.40 clears random + 0.1 but not the one-key-with-elimination floor + 0.1.
+  assert report.informative_slices(result) == ["b"]
 
 
 def study(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
@@ -62,31 +101,51 @@ def study(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_quick_study_runs_end_to_end_and_resumes(tmp_path):
+  """The quick form with command-line options: an lr grid, every variant at its best grid lr,
+  floors per slice, censoring, exact p and Holm on every paired entry, the command recorded."""
   file = tmp_path / "tiny_study.py"
   file.write_text(TINY_STUDY)
   root = tmp_path / "root"
-  result = study(tmp_path, f"--study={file}", f"--root={root}", "--quick")
+  args = [f"--study={file}", "--quick", "--set=data.task.num_keys=6",
+          "--variants=transformer,diff_v2", "--seeds=1,2", "--name=tinyq", f"--root={root}"]
+  result = study(tmp_path, *args)
   assert result.returncode == 0, result.stderr[-2000:]
   data = json.loads((root / "study.json").read_text())
-  assert {"study", "runs", "summary", "paired"} <= data.keys()
-  assert len(data["runs"]) == 4 and {r["seed"] for r in data["runs"]} == {0, 1}
+  assert {"study", "runs", "summary", "paired", "chance", "lr_grid"} <= data.keys()
+  assert data["study"]["name"] == "tinyq" and data["study"]["task_params"]["num_keys"] == 6
+  for arg in args:
+    assert arg in data["study"]["command"] and arg in (root / "report.md").read_text()
+  assert len(data["runs"]) == 4 and {r["seed"] for r in data["runs"]} == {1, 2}
+  grid = data["lr_grid"]
+  assert grid["lrs"] == [1e-3, 3e-3] and set(grid["chosen"]) == {"transformer", "diff_v2"}
   for run in data["runs"]:
     assert {"variant", "seed", "params", "final_loss", "accuracy", "answer_share",
-            "noise_share", "logit_top1"} <= run.keys()
+            "abs_answer_share", "negative_mass", "noise_share", "logit_top1", "reached_90",
+            "steps_to_90", "still_rising"} <= run.keys()
     assert run["steps"] == 4 and any(k.startswith("trained") for k in run["accuracy"])
+    assert run["lr"] == grid["chosen"][run["variant"]]
+    assert run["abs_answer_share"] >= abs(run["answer_share"]) - 1e-9
+  for floors in data["chance"].values():
+    assert set(floors) == {"random", "elimination", "one_key", "one_key_elimination"}
+    assert floors["random"] <= floors["elimination"]
+  for variant in ("transformer", "diff_v2"):
+    assert data["summary"][variant]["reached_90"] in ("0/2", "1/2", "2/2")
+  for metric, p in data["paired"]["diff_v2"].items():
+    assert {"mean_diff", "ci95_low", "ci95_high", "p", "p_holm", "n"} <= p.keys(), metric
   for metric in ("final_loss", "answer_share", "noise_share", "logit_top1"):
-    assert data["summary"]["diff_v2"][metric]["n"] == 2
     p = data["paired"]["diff_v2"][metric]
-    assert {"mean_diff_vs_transformer", "ci95_low", "ci95_high"} <= p.keys()
     by_seed = {r["seed"]: r[metric] for r in data["runs"] if r["variant"] == "diff_v2"}
     base = {r["seed"]: r[metric] for r in data["runs"] if r["variant"] == "transformer"}
-    assert p["mean_diff_vs_transformer"] == pytest.approx(
-        sum(by_seed[s] - base[s] for s in (0, 1)) / 2)
-  report = (root / "report.md").read_text()
-  assert "Paired difference" in report and (root / "learning_curves.png").is_file()
+    diffs = [by_seed[s] - base[s] for s in (1, 2)]
+    assert p["mean_diff"] == pytest.approx(sum(diffs) / 2)
+    assert p["p"] == pytest.approx(sign_flip_p(diffs))
+  text = (root / "report.md").read_text()
+  assert "Primary" in text and "floor: one_key" in text and (root / "learning_curves.png").is_file()
   # A rerun (what study.py does again, in-process here) trains and evaluates nothing.
-  tiny = cli.load_definition(str(file), "study", "STUDY").validate().quick()
-  assert runner.run(tiny, str(file), root) == {p: "skipped" for p in tiny.points()}
+  tiny = cli.load_definition(str(file), "study", "STUDY").validate().quick().with_options(
+      sets=("data.task.num_keys=6",), seeds="1,2", name="tinyq").validate()
+  status, _ = runner.run(tiny, str(file), root)
+  assert status == {p: "skipped" for p in tiny.grid_points() + tiny.points()}
 
 
 BAD_STUDY_FILES = [
@@ -95,7 +154,7 @@ BAD_STUDY_FILES = [
     ("import nothing_here_at_all", "tiny_study.py:1: ModuleNotFoundError"),
     (TINY_STUDY.replace("seeds=(0, 1, 2)", "seeds=()"), "seeds must be distinct and non-empty"),
     (TINY_STUDY.replace('("transformer", "diff_v2")', '("transformer", "diff_v3")'),
-     "variants must be a non-empty subset"),
+     "variants must be distinct, non-empty and registered"),
     (TINY_STUDY.replace('("train.steps", 4)', '("train.stepz", 4)'),
      "study override 'train.stepz': unknown config key"),
 ]
@@ -121,3 +180,18 @@ def test_a_bad_study_file_is_one_line_from_the_cli(tmp_path):
   assert result.returncode != 0 and "Traceback" not in result.stderr
   lines = result.stderr.strip().splitlines()
   assert len(lines) == 1 and message in lines[0], result.stderr
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(sets=("data.task.num_keys",)), "--set: 'data.task.num_keys' is not key=value"),
+    (dict(sets=("data.task.nope=3",)), "study override 'data.task.nope': unknown config key"),
+    (dict(sets=("train.steps='many'",)), "study override 'train.steps'"),
+    (dict(variants="transformer,diff_v3"), "variants must be distinct, non-empty and registered"),
+    (dict(seeds="0,x"), "--seeds: '0,x' is not a comma-separated list of integers"),
+])
+def test_bad_command_line_options_are_one_user_error(tmp_path, options, message):
+  file = tmp_path / "tiny_study.py"
+  file.write_text(TINY_STUDY)
+  with pytest.raises(UserError) as e:
+    cli.load_definition(str(file), "study", "STUDY").quick().with_options(**options).validate()
+  assert len(message_lines(e.value)) == 1 and message in str(e.value), str(e.value)

@@ -62,7 +62,27 @@ def test_plain_mqar_and_needles_place_what_they_ask():
       assert row[pos - 2] == synthetic.QUERY
       match = [t for t in needles if t[1:3] == (row[pos - 1], row[pos])]
       assert len(match) == 1 and match[0][3] == row[pos + 1]
-      assert sum(t[1] == row[pos - 1] for t in needles) == 2  # one prefix-sharing distractor
+      # The key grid: one other needle shares ka, another shares kb, so neither key alone answers.
+      assert sum(t[1] == row[pos - 1] for t in needles) == 2
+      assert sum(t[2] == row[pos] for t in needles) == 2
+
+
+@pytest.mark.parametrize("filler", ["random", "blank"])
+def test_mqar_query_region_filler(filler):
+  s = task(num_keys=4, num_queries=8, filler=filler)
+  ex = synthetic.generate(s, "train", 1, 0, 32)
+  pools = s.pools()
+  for b, row in enumerate(ex["seq"]):
+    free = np.ones(len(row), bool)
+    free[:3 * s.stored] = False
+    for start in ex["query_start"][b]:
+      free[start:start + 3] = False
+    fill = row[free]
+    if filler == "blank":
+      assert np.all(fill == synthetic.BLANK)
+    else:  # key-pool ids only: filler looks like keys, never like a value or a special id
+      assert np.all((fill >= pools["key1"][0]) & (fill < pools["value"][0]))
+      assert len(set(fill)) > 4
 
 
 def test_generation_is_deterministic_and_splits_are_disjoint():
@@ -82,6 +102,7 @@ def test_generation_is_deterministic_and_splits_are_disjoint():
     ("vocab_size", 30, "data.task.vocab_size: 30 leaves 14 value ids"),
     ("num_keys", 1, "data.task.num_keys: must be >= 2"),
     ("heldout_buckets", 1, "data.task.heldout_buckets"),
+    ("filler", "zeros", "data.task.filler: 'zeros' is not one of random, blank for mqar"),
 ])
 def test_impossible_task_settings_are_one_line(field, value, message):
   c = base_config()

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Copies measured results from runs/ (ignored by git) into docs/results/ and regenerates the
 # README blocks that show them. Run after `python eval.py --workdir runs/default --quick` and
-# `python sweep.py --sweep=configs/sweeps/cpu.py`.
+# `python sweep.py --sweep=configs/sweeps/cpu.py` and the studies (`python study.py`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -f runs/default/eval/report.md ]; then
@@ -17,10 +17,12 @@ if [ -f runs/sweeps/cpu/report.md ]; then
   cp runs/sweeps/cpu/results.json runs/sweeps/cpu/*.png docs/results/sweep_cpu/
   sed "s/^#/###/" runs/sweeps/cpu/report.md > docs/results/sweep_cpu/report.md
 fi
-if [ -f runs/studies/retrieval/report.md ]; then
-  mkdir -p docs/results/study_retrieval
-  cp runs/studies/retrieval/study.json runs/studies/retrieval/*.png docs/results/study_retrieval/
-  sed -e 's#](\([a-z_0-9]*\.png\))#](docs/results/study_retrieval/\1)#g' -e "s/^#/###/" \
-    runs/studies/retrieval/report.md > docs/results/study_retrieval/report.md
-fi
+for study in retrieval lm; do
+  if [ -f "runs/studies/$study/report.md" ]; then
+    mkdir -p "docs/results/study_$study"
+    cp "runs/studies/$study/study.json" "runs/studies/$study/report.md" \
+      "runs/studies/$study"/*.png "docs/results/study_$study/"
+    [ -f "runs/studies/$study/lr_grid.json" ] && cp "runs/studies/$study/lr_grid.json" "docs/results/study_$study/"
+  fi
+done
 python tools/readme_tables.py

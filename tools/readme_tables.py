@@ -134,13 +134,7 @@ def sweep_report() -> str:
   return body + ("\n\n" + " ".join(plots) if plots else "")
 
 
-def study_report() -> str:
-  """The default study's report (tools/collect_results.sh copies runs/studies/retrieval)."""
-  return _text("docs/results/study_retrieval/report.md",
-               "(not run yet: python study.py --study=configs/studies/retrieval.py)")
-
-
-BLOCKS = {"study": study_report, "presets": preset_table, "kernels": kernel_tables, "aot": aot_table,
+BLOCKS = {"presets": preset_table, "kernels": kernel_tables, "aot": aot_table,
           "throughput": throughput_table, "eval_report": eval_report, "sweep": sweep_report}
 
 

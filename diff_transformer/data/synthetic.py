@@ -6,13 +6,18 @@
          counts the value, predicted at the k2 position. Each asked pair has 2(g-1) stored
          partial matches (same k1 or same k2, another value): the common-mode distractors
          differential attention claims to cancel. Plain MQAR (`compositional=False`) stores
-         `k v` pairs of single-token keys: the sanity task plain attention solves.
+         `k v` pairs of single-token keys: the sanity task plain attention solves. The query
+         region between queries is filled with random key-pool ids (`filler="random"`), so
+         no query is found by a token that only fills, or with the one BLANK id (`"blank"`).
 `needle` multi-needle retrieval: N needles `NEEDLE ka kb v` at random depths in filler tokens,
-         optional distractor needles sharing `ka` with an asked needle (other kb, other value),
-         then R questions `QUERY ka kb v` at the end; the loss counts each v.
+         optional distractor needles on a key grid: distractor j (round k = j // R) takes ka
+         of asked needle j mod R and kb of asked needle (j + 1 + k) mod R, with its own value,
+         so each round gives every asked needle one partial match per key token and neither
+         key alone answers; then R questions `QUERY ka kb v` at the end; the loss counts each v.
 
-Ids: 0 pad, 1 blank (query-region filler), 2 NEEDLE, 3 QUERY; pools of distinct ids follow
-(see `TaskSpec.pools`). Only R < stored pairs are asked, so no answer follows by elimination.
+Ids: 0 pad, 1 blank, 2 NEEDLE, 3 QUERY; pools of distinct ids follow (see `TaskSpec.pools`).
+Only a strict subset of the stored items is asked; what shortcuts (elimination of answered
+items, one key token) still score is evaluation/floors.py's business.
 Train and eval rows are disjoint by construction: a row belongs to the eval split iff a hash of
 its tokens falls in bucket 0 of `heldout_buckets`, and each split keeps only its own rows.
 Every row of a batch is exactly seq_len + 1 tokens (inputs = row[:-1], targets = row[1:]), so
@@ -32,7 +37,7 @@ from diff_transformer.data.common import DataError
 TASKS = ("mqar", "needle")
 PAD, BLANK, NEEDLE, QUERY = 0, 1, 2, 3
 NUM_SPECIAL = 4
-FILLERS = ("random",)
+FILLERS = {"mqar": ("random", "blank"), "needle": ("random",)}
 SPLIT_CODES = {"train": 1, "val": 2}
 
 
@@ -89,7 +94,8 @@ class TaskSpec:
 
   def settings(self) -> dict:
     """The fields that apply to this task (for reports)."""
-    own = (("compositional", "num_keys", "num_queries", "query_power") if self.name == "mqar" else
+    own = (("compositional", "num_keys", "num_queries", "query_power", "filler")
+           if self.name == "mqar" else
            ("needles", "asked", "distractors", "depth_min", "depth_max", "filler"))
     return {k: getattr(self, k) for k in ("seq_len", "vocab_size") + own + ("heldout_buckets",)}
 
@@ -117,6 +123,8 @@ def _fail(field: str, constraint: str):
 def check(s: TaskSpec) -> None:
   if s.name not in TASKS:
     raise DataError(f"data.name: '{s.name}' is not a synthetic task ({', '.join(TASKS)})")
+  if s.filler not in FILLERS[s.name]:
+    _fail("filler", f"'{s.filler}' is not one of {', '.join(FILLERS[s.name])} for {s.name}")
   if s.heldout_buckets < 2:
     _fail("heldout_buckets", f"must be >= 2 (1/buckets of rows go to eval), got "
           f"{s.heldout_buckets}")
@@ -140,16 +148,15 @@ def check(s: TaskSpec) -> None:
       _fail("query_power", f"must be > 0, got {s.query_power}")
     need = s.item_len * (s.stored + s.num_queries)
   else:
-    if s.filler not in FILLERS:
-      _fail("filler", f"'{s.filler}' is not one of {', '.join(FILLERS)}")
     if s.needles < 1 or not 1 <= s.asked <= s.needles:
       _fail("asked", f"need 1 <= asked <= needles, got asked={s.asked}, needles={s.needles}")
-    if s.distractors < 0:
-      _fail("distractors", f"must be >= 0, got {s.distractors}")
+    if not 0 <= s.distractors <= s.asked * (s.asked - 1):
+      _fail("distractors", f"must be in [0, asked * (asked - 1) = {s.asked * (s.asked - 1)}] "
+            f"(each takes ka and kb of two different asked needles), got {s.distractors}")
     if not 0.0 <= s.depth_min <= s.depth_max <= 1.0:
       _fail("depth_min", f"need 0 <= depth_min <= depth_max <= 1, got {s.depth_min}, "
             f"{s.depth_max}")
-    if s.needles > pools["key1"][1] or s.stored > min(pools["key2"][1], pools["value"][1]):
+    if s.needles > min(pools["key1"][1], pools["key2"][1]) or s.stored > pools["value"][1]:
       _fail("vocab_size", f"{s.vocab_size} leaves too few key/value ids for {s.needles} needles "
             f"+ {s.distractors} distractors (pools {pools})")
     need = s.item_len * (s.stored + s.asked) + 1
@@ -188,6 +195,9 @@ def _mqar(s: TaskSpec, rng: np.random.Generator, rows: int) -> dict[str, np.ndar
   item = np.stack(keys + [values], axis=-1)  # [rows, pair, L]
   order = np.argsort(rng.random((rows, n)), axis=1)  # stored position -> pair
   seq = np.full((rows, s.seq_len + 1), BLANK, np.int32)
+  if s.filler == "random":  # key-pool ids (key1 and key2 pools are adjacent)
+    first, size = pools["key"] if not s.compositional else (pools["key1"][0], 2 * pools["key1"][1])
+    seq[:] = first + rng.integers(0, size, seq.shape)
   seq[:, :n * L] = item[b, order].reshape(rows, n * L)
   stored_at = np.argsort(order, axis=1) * L  # pair -> start of its stored item
   asked = np.argsort(rng.random((rows, n)), axis=1)[:, :R]  # pair asked by query r
@@ -208,12 +218,13 @@ def _needle(s: TaskSpec, rng: np.random.Generator, rows: int) -> dict[str, np.nd
   start, size = pools["filler"]
   seq = (start + rng.integers(0, size, (rows, s.seq_len + 1))).astype(np.int32)
   ka = _distinct(rng, rows, pools["key1"], N)
-  kb = _distinct(rng, rows, pools["key2"], N + D)
+  kb = _distinct(rng, rows, pools["key2"], N)
   val = _distinct(rng, rows, pools["value"], N + D)
   asked = np.argsort(rng.random((rows, N)), axis=1)[:, :R]  # needle asked by question r
-  # Distractor j shares ka with asked needle j mod R: a prefix match with another kb and value.
-  ka_all = np.concatenate([ka, ka[b, asked[:, np.arange(D) % R]]], axis=1) if D else ka
-  item = np.stack([np.full_like(ka_all, NEEDLE), ka_all, kb, val], axis=-1)  # [rows, N + D, 4]
+  j = np.arange(D)
+  ka_all = np.concatenate([ka, ka[b, asked[:, j % R]]], axis=1)
+  kb_all = np.concatenate([kb, kb[b, asked[:, (j + 1 + j // R) % R]]], axis=1)
+  item = np.stack([np.full_like(ka_all, NEEDLE), ka_all, kb_all, val], axis=-1)  # [rows, N+D, 4]
   # The haystack is everything before the questions; needles sit at non-overlapping starts
   # inside its [depth_min, depth_max] band, in random order.
   K = N + D

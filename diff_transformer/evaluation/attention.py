@@ -22,6 +22,7 @@ NORMALISATION = (
     "context; noise = all haystack tokens. Averaged over heads, then over samples; 'mean' "
     "averages the layers.")
 SPANS = ("answer", "noise", "other_needles", "query")
+SHARE_KINDS = ("signed", "abs", "negative")
 
 
 def span_masks(sample: needle.Sample, prompt_len: int, width: int) -> dict[str, np.ndarray]:
@@ -35,12 +36,18 @@ def span_masks(sample: needle.Sample, prompt_len: int, width: int) -> dict[str, 
   return masks
 
 
-def shares(row_NS: np.ndarray, masks: dict[str, np.ndarray]) -> dict[str, float]:
-  """Per-span shares of one query row (per head, then averaged over heads); see NORMALISATION."""
+def shares(row_NS: np.ndarray, masks: dict[str, np.ndarray]) -> dict[str, dict[str, float]]:
+  """{kind: {span: share}} of one query row, per head then averaged over heads: signed (see
+  NORMALISATION; a differential map's negative entries cancel positive ones), abs (sum |M| over
+  the span / sum |M|: where the map's mass sits, whatever its sign) and negative (the span's
+  negative mass / sum |M|). abs = signed + 2 * negative."""
   row_NS = np.asarray(row_NS, np.float64)
   total_N = np.abs(row_NS).sum(-1)
   total_N = np.where(total_N > 0, total_N, 1.0)
-  return {k: float(np.mean(row_NS[:, m].sum(-1) / total_N)) for k, m in masks.items()}
+  part = lambda x_NS, m: float(np.mean(x_NS[:, m].sum(-1) / total_N))
+  return dict(signed={k: part(row_NS, m) for k, m in masks.items()},
+              abs={k: part(np.abs(row_NS), m) for k, m in masks.items()},
+              negative={k: part(np.maximum(-row_NS, 0.0), m) for k, m in masks.items()})
 
 
 def query_rows(aux: dict, query_B: np.ndarray) -> np.ndarray:
@@ -67,7 +74,7 @@ def analyse(fns: common.Fns, samples: list[needle.Sample], batch_size: int,
     rows = query_rows(aux, lengths - 1)
     for i, s in enumerate(chunk):
       masks = span_masks(s, int(lengths[i]), tokens.shape[1])
-      per_layer = [[share[k] for k in SPANS]
+      per_layer = [[share["signed"][k] for k in SPANS]
                    for share in (shares(rows[l, i], masks) for l in range(rows.shape[0]))]
       per_depth.setdefault(s.depth, []).append(np.asarray(per_layer))
   out = {}

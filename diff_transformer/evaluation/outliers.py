@@ -1,5 +1,6 @@
-"""Activation outliers (DIFF Table 5): the k-th largest |value| (k = 1, 2, 3, 10, 100) and the
-median of |attention logits| and |hidden states| over a validation batch, per layer and overall.
+"""Activation outliers (DIFF Table 5): the k-th largest |value| (k = 1, 2, 3, 10, 100), the
+median and the root mean square of |attention logits| and |hidden states| over a validation
+batch, per layer and overall.
 
 Attention logits are the scaled scores q.k / sqrt(d) entering the softmax, over the (query, key)
 pairs the mask allows (causal, same document), for both maps of the differential variants.
@@ -17,13 +18,15 @@ RANKS = (1, 2, 3, 10, 100)
 
 
 def stats(values: np.ndarray) -> dict[str, float]:
-  """k-th largest |value| for k in RANKS (nan when there are fewer values) and the median."""
+  """k-th largest |value| for k in RANKS (nan when there are fewer values), the median and the
+  root mean square (the scale of the values; their std for zero-mean ones)."""
   flat = np.abs(np.asarray(values, np.float64).ravel())
   out = {}
   for k in RANKS:
     out[f"top{k}"] = float(np.partition(flat, flat.size - k)[flat.size - k]) if flat.size >= k \
         else float("nan")
   out["median"] = float(np.median(flat))
+  out["rms"] = float(np.sqrt(np.mean(flat * flat)))
   return out
 
 

@@ -19,7 +19,7 @@ def metrics(name: str, r: dict) -> dict[str, object]:
   if name == "needle":
     return {f"accuracy {cfg}": v for cfg, v in r["mean_accuracy"].items()}
   if name == "task":
-    return {"accuracy (trained)": r["accuracy"], "chance": r["chance"],
+    return {"accuracy (trained)": r["accuracy"], "floor (best shortcut)": r["floor"],
             "first-query accuracy": r["by_query"][0],
             **{f"accuracy {k}": v["accuracy"] for k, v in r["slices"].items()
                if not k.startswith("trained")}}
@@ -85,14 +85,18 @@ def _details(name: str, r: dict) -> list[str]:
                       [[L] + [per_len[L][d] for d in depths] for L in per_len]) + [""]
     return lines + [f"Protocol: {r['protocol']}."]
   if name == "task":
-    rows = [[k, v["accuracy"], v["chance"], " ".join(f"{a:.2f}" for a in v["by_query"])]
-            for k, v in r["slices"].items()]
-    return (_table(["slice", "accuracy", "chance", "accuracy by query position"], rows) +
-            ["", f"{next(iter(r['slices'].values()))['rows']} eval-split rows per slice; "
-             "chance = copying a random stored value."])
+    kinds = list(next(iter(r["slices"].values()))["chance"])
+    rows = [[k, v["accuracy"]] + [v["chance"][c] for c in kinds] +
+            [" ".join(f"{a:.2f}" for a in v["by_query"])] for k, v in r["slices"].items()]
+    return (_table(["slice", "accuracy"] + [f"floor: {c}" for c in kinds] +
+                   ["accuracy by query position"], rows) +
+            ["", f"{next(iter(r['slices'].values()))['rows']} eval-split rows per slice; floors: "
+             "a shortcut's expected accuracy on the same rows (evaluation/floors.py)."])
   if name == "attention" and "task" in r:
-    rows = [[layer] + [t[k] for k in t] for layer, t in r["by_layer"].items()]
-    return (_table(["layer", *next(iter(r["by_layer"].values()))], rows) +
+    spans = list(next(iter(r["by_layer"].values())))
+    rows = [[layer] + [t[k] for k in spans] + [r["by_layer_abs"][layer][k] for k in spans] +
+            [sum(r["by_layer_negative"][layer].values())] for layer, t in r["by_layer"].items()]
+    return (_table(["layer"] + spans + [f"|{k}|" for k in spans] + ["negative mass"], rows) +
             ["", f"Map: {r['map']}. {r['rows']} rows. Normalisation: {r['normalisation']}"])
   if name == "attention":
     rows = [[f"{float(d):.0%}", t["mean"]["answer"], t["mean"]["noise"],

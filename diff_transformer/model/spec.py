@@ -43,7 +43,9 @@ class ModelSpec:
   lambda_std: float = 0.1
   # Shared DIFF.
   rank: int = 0
-  lowrank_init: str = "fan_in"  # fan_in: both factors random; lora: second factor zero (Q1 = Q2)
+  # matched: W + U V^T at DIFF V1's init scale (default, by ablation); fan_in: both factors
+  # fan-in scaled (logits ~50x larger at init); lora: V^T zero (Q1 = Q2, K1 = K2)
+  lowrank_init: str = "matched"
   # DIFF V2 ablations.
   v2_pairing: str = "interleaved"  # interleaved (even/odd, shares K/V) or halves (crosses groups)
   v2_lambda: str = "sigmoid"  # sigmoid, none (o1 - o2), linear (lambda without sigmoid)

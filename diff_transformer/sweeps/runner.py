@@ -32,14 +32,19 @@ def command(sweep_file: str, point: str, workdir: str, python: str = sys.executa
 
 
 def run(sweep: Sweep, sweep_file: str, root: str, *, mode: str = "local", launcher: str = "",
-        extra_args: tuple[str, ...] = ()) -> dict[str, str]:
-  """Returns {point: 'skipped' | 'ran' | 'printed'}; raises on a failed local run."""
+        extra_args: tuple[str, ...] = (), points: list[str] | None = None,
+        point_args: dict[str, tuple[str, ...]] | None = None, keep_going: bool = False
+        ) -> dict[str, str]:
+  """Runs `points` (default: every point of the sweep; `point_args` adds flags per point).
+  Returns {point: 'skipped' | 'ran' | 'printed' | 'failed (exit N); see LOG'}; a failed local
+  run raises unless keep_going, which records it and goes on with the others."""
   sweep.validate()
   if mode not in ("local", "print"):
     raise SweepError(f"--mode: '{mode}' is not one of local, print")
+  point_args = point_args or {}
   status = {}
   todo = []
-  for point in sweep.points():
+  for point in sweep.points() if points is None else points:
     workdir = os.path.join(root, point)
     if finished(sweep, point, workdir):
       status[point] = "skipped"
@@ -47,17 +52,22 @@ def run(sweep: Sweep, sweep_file: str, root: str, *, mode: str = "local", launch
       todo.append((point, workdir))
   if mode == "print":
     for point, workdir in todo:
-      cmd = command(sweep_file, point, workdir, python="python") + list(extra_args)
+      cmd = (command(sweep_file, point, workdir, python="python") + list(extra_args) +
+             list(point_args.get(point, ())))
       print(f"{launcher} {shlex.quote(shlex.join(cmd))}" if launcher else shlex.join(cmd))
       status[point] = "printed"
     return status
   for point, workdir in tqdm(todo, desc=f"sweep {sweep.name}", unit="run"):
     os.makedirs(workdir, exist_ok=True)
     with open(os.path.join(workdir, "sweep.log"), "a") as log:
-      result = subprocess.run(command(sweep_file, point, workdir) + list(extra_args),
-                              stdout=log, stderr=subprocess.STDOUT)
+      result = subprocess.run(command(sweep_file, point, workdir) + list(extra_args) +
+                              list(point_args.get(point, ())), stdout=log,
+                              stderr=subprocess.STDOUT)
     if result.returncode != 0:
-      raise SweepError(f"sweep point {point} failed (exit {result.returncode}); see "
-                         f"{os.path.join(workdir, 'sweep.log')}; rerun to resume it")
+      failure = f"failed (exit {result.returncode}); see {os.path.join(workdir, 'sweep.log')}"
+      if not keep_going:
+        raise SweepError(f"sweep point {point} {failure}; rerun to resume it")
+      status[point] = failure
+      continue
     status[point] = "ran"
   return status

@@ -2,13 +2,21 @@
 rank-r updates: Q1 = x W_Q + (x U_q1) V_q1^T, Q2 = x W_Q + (x U_q2) V_q2^T, likewise K1, K2.
 
 The updates span all heads of the layer (U: D x r, V^T: r x h*d) and are computed factored.
-Initialisation (the paper is silent): `fan_in` draws both factors (the signals start as different
-as DIFF V1's); `lora` zeroes V^T so Q1 = Q2 and K1 = K2 at the start.
+Initialisation (the paper is silent; model.lowrank_init, chosen by ablation, docs/results/
+shared_diff_init.md): `matched` (default) draws the base and both factors so that W_Q + U V^T
+has DIFF V1's elementwise std (half its variance shared, half per signal), so the initial
+attention logits have DIFF V1's scale; `fan_in` draws both factors fan-in scaled (the update
+then dominates: logits about 50x DIFF V1's at D = 64); `lora` zeroes V^T (Q1 = Q2, K1 = K2).
 """
 from __future__ import annotations
 
+import math
+
 from diff_transformer.errors import ConfigError
 from diff_transformer.model.attention.diff_v1 import DiffAttention
+
+
+LOWRANK_INITS = ("matched", "fan_in", "lora")
 
 
 class SharedDiffAttention(DiffAttention):
@@ -26,19 +34,25 @@ class SharedDiffAttention(DiffAttention):
     if not 1 <= spec.rank <= widest:
       raise ConfigError(f"model.rank: must be in [1, {widest}] (the smallest projection side), "
                         f"got {spec.rank}")
-    if spec.lowrank_init not in ("fan_in", "lora"):
-      raise ConfigError(f"model.lowrank_init: '{spec.lowrank_init}' is not one of fan_in, lora")
+    if spec.lowrank_init not in LOWRANK_INITS:
+      raise ConfigError(f"model.lowrank_init: '{spec.lowrank_init}' is not one of "
+                        f"{', '.join(LOWRANK_INITS)}")
 
   def init_qk(self, rngs):
     s = self.spec
     D, r, q_width, k_width = s.d_model, s.rank, s.num_heads * s.head_dim, s.kv_heads * s.head_dim
-    self.wq = self._dense(D, q_width, ("embed", "heads"), rngs)
-    self.wk = self._dense(D, k_width, ("embed", "kv_heads"), rngs)
-    lora = s.lowrank_init == "lora"
+    matched, lora = s.lowrank_init == "matched", s.lowrank_init == "lora"
+    # matched: base std s/sqrt(2); factors std f with sqrt(r) f^2 = s/sqrt(2), so U V^T has
+    # elementwise std s/sqrt(2) and W + U V^T has DIFF V1's s. None: fan-in scaled.
+    base_std = s.init_std / math.sqrt(2) if matched else s.init_std
+    factor_std = math.sqrt(base_std / math.sqrt(r)) if matched else None
+    self.wq = self._dense(D, q_width, ("embed", "heads"), rngs, std=base_std)
+    self.wk = self._dense(D, k_width, ("embed", "kv_heads"), rngs, std=base_std)
     for name, width, axis in (("q1", q_width, "heads"), ("q2", q_width, "heads"),
                               ("k1", k_width, "kv_heads"), ("k2", k_width, "kv_heads")):
-      setattr(self, f"u_{name}", self._dense(D, r, ("embed", "rank"), rngs, std=None))
-      setattr(self, f"v_{name}", self._dense(r, width, ("rank", axis), rngs, std=None, zeros=lora))
+      setattr(self, f"u_{name}", self._dense(D, r, ("embed", "rank"), rngs, std=factor_std))
+      setattr(self, f"v_{name}", self._dense(r, width, ("rank", axis), rngs, std=factor_std,
+                                             zeros=lora))
 
   def qk(self, x_BTD):
     s = self.spec

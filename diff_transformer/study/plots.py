@@ -1,0 +1,96 @@
+"""A study's plots: accuracy per slice against its best shortcut, learning curves, and for a
+language-modelling study validation loss against tokens (per size) and against parameters."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from diff_transformer.evaluation import common, floors
+
+
+def _std(x: dict) -> float:
+  return 0.0 if math.isnan(x["std"]) else x["std"]
+
+
+def slices(result: dict, names: list[str], path: Path) -> str:
+  fig, ax = common.figure(size=(7, 3.4))
+  variants = list(result["summary"])
+  width = 0.8 / max(len(variants), 1)
+  for i, v in enumerate(variants):
+    s = [result["summary"][v].get(f"accuracy:{k}") for k in names]
+    ax.bar(np.arange(len(names)) + (i - (len(variants) - 1) / 2) * width,
+           [x["mean"] for x in s], width, yerr=[_std(x) for x in s], capsize=2, label=v)
+  ax.scatter(range(len(names)), [floors.highest(result["chance"][k]) for k in names],
+             marker="_", s=300, color="k", label="best shortcut", zorder=3)
+  ax.set_xticks(range(len(names)), names, rotation=25, ha="right", fontsize=7)
+  ax.set_ylabel("answer accuracy")
+  ax.set_ylim(0, 1.02)
+  ax.legend(fontsize=7, ncols=3)
+  return common.save_figure(fig, path)
+
+
+def _mean_curves(result: dict, variant: str, size: str = ""):
+  """(x, mean, std, n) over the seeds' curves, on the x values every seed has."""
+  curves = [dict(r["curve"]) for r in result["runs"]
+            if r["variant"] == variant and r["size"] == size and r["curve"]]
+  xs = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
+  if not xs:
+    return None
+  y = np.asarray([[c[x] for x in xs] for c in curves])
+  return xs, y.mean(0), y.std(0), len(curves)
+
+
+def curves(result: dict, path: Path) -> str:
+  fig, ax = common.figure(size=(6, 3.4))
+  for v in result["summary"]:
+    got = _mean_curves(result, v)
+    if got:
+      xs, mean, std, n = got
+      ax.plot(xs, mean, label=f"{v} (n={n})")
+      ax.fill_between(xs, mean - std, mean + std, alpha=0.2)
+  ax.axhline(0.9, color="k", lw=0.5, ls=":")
+  ax.set_xlabel("step")
+  ax.set_ylabel("held-out answer accuracy")
+  ax.set_ylim(0, 1.02)
+  ax.legend(fontsize=7)
+  return common.save_figure(fig, path)
+
+
+def loss_vs_tokens(result: dict, path: Path) -> str:
+  sizes = result["study"]["sizes"] or [""]
+  fig, axes = common.figure(ncols=len(sizes), size=(3.2 * len(sizes), 3.2))
+  axes = axes if isinstance(axes, list) else [axes]
+  for ax, size in zip(axes, sizes):
+    for v in result["summary"]:
+      got = _mean_curves(result, v, size)
+      if got:
+        xs, mean, std, n = got
+        ax.plot(xs, mean, label=f"{v} (n={n})")
+        ax.fill_between(xs, mean - std, mean + std, alpha=0.2)
+    ax.set_xscale("log")
+    ax.set_xlabel("training tokens")
+    ax.set_title(f"size {size}" if size else "", fontsize=8)
+  axes[0].set_ylabel("validation loss (nats/token)")
+  axes[0].legend(fontsize=7)
+  return common.save_figure(fig, path)
+
+
+def loss_vs_size(result: dict, path: Path) -> str:
+  fig, ax = common.figure(size=(5, 3.2))
+  for v in result["summary"]:
+    points = []
+    for size in result["study"]["sizes"] or [""]:
+      runs = [r for r in result["runs"] if r["variant"] == v and r["size"] == size]
+      if runs:
+        loss = [r["loss"] for r in runs]
+        points.append((runs[0]["params"], np.mean(loss), np.std(loss)))
+    if points:
+      p, m, s = map(np.asarray, zip(*points))
+      ax.errorbar(p, m, yerr=s, marker="o", capsize=2, label=v)
+  ax.set_xscale("log")
+  ax.set_xlabel("parameters")
+  ax.set_ylabel("final validation loss (nats/token)")
+  ax.legend(fontsize=7)
+  return common.save_figure(fig, path)
