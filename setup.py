@@ -5,7 +5,8 @@ setup(
     version="0.1.0",
     description="JAX/Flax NNX research codebase for differential-attention Transformers "
                 "(DIFF V1, Shared DIFF, DIFF V2) and their Transformer baseline.",
-    packages=find_packages(include=["diff_transformer", "diff_transformer.*", "configs"]),
+    packages=find_packages(include=["diff_transformer", "diff_transformer.*", "configs",
+                                    "configs.*"]),
     python_requires=">=3.10",
     # Ranges tested here: jax 0.10.2, flax 0.12.8, optax 0.2.8, orbax-checkpoint 0.12.8,
     # grain 0.2.18, ml-collections 1.1.0, chex 0.1.92 (Python 3.11, CPU).
@@ -28,7 +29,8 @@ setup(
     ],
     extras_require={
         # xdist 3.8: --no-loadscope-reorder (pytest.ini); filelock: test runs shared by workers
-        "test": ["pytest>=8", "pytest-xdist>=3.8", "filelock>=3.12"],
+        # wheel: tests/test_packaging.py builds the wheel offline (--no-build-isolation)
+        "test": ["pytest>=8", "pytest-xdist>=3.8", "filelock>=3.12", "wheel>=0.40"],
         "tpu": ["jax[tpu]>=0.10.2,<0.11"],
         "cuda12": ["jax[cuda12]>=0.10.2,<0.11"],
         # Hugging Face export/import, lm-eval and tiktoken files. Tested: transformers 5.23.0 with
