@@ -2,11 +2,12 @@
 rank-r updates: Q1 = x W_Q + (x U_q1) V_q1^T, Q2 = x W_Q + (x U_q2) V_q2^T, likewise K1, K2.
 
 The updates span all heads of the layer (U: D x r, V^T: r x h*d) and are computed factored.
-Initialisation (the paper is silent; model.lowrank_init, chosen by ablation, docs/results/
-shared_diff_init.md): `matched` (default) draws the base and both factors so that W_Q + U V^T
-has DIFF V1's elementwise std (half its variance shared, half per signal), so the initial
-attention logits have DIFF V1's scale; `fan_in` draws both factors fan-in scaled (the update
-then dominates: logits about 50x DIFF V1's at D = 64); `lora` zeroes V^T (Q1 = Q2, K1 = K2).
+Initialisation (the paper is silent; model.lowrank_init, chosen by ablation in
+docs/results/shared_diff_init.md): `matched` (default) draws the base and both factors so
+that W_Q + U V^T has DIFF V1's elementwise std (half its variance shared, half per signal),
+so the initial attention logits have DIFF V1's scale; `fan_in` draws both factors fan-in
+scaled (the update then dominates: logits about 50x DIFF V1's at D = 64); `lora` zeroes V^T
+(Q1 = Q2, K1 = K2).
 """
 from __future__ import annotations
 
