@@ -195,3 +195,20 @@ def test_bad_command_line_options_are_one_user_error(tmp_path, options, message)
   with pytest.raises(UserError) as e:
     cli.load_definition(str(file), "study", "STUDY").quick().with_options(**options).validate()
   assert len(message_lines(e.value)) == 1 and message in str(e.value), str(e.value)
+
+
+def test_sized_study_points_and_a_grid_at_one_size():
+  """Points of a study with sizes; lr_grid_size runs the grid at one size and every size of a
+  variant trains at that cell's lr; grid points pin their lr in the name."""
+  from configs.studies import lm
+  s = lm.STUDY
+  assert s.parse("shared_diff-d128-s3") == ("shared_diff", "d128", "s", 3)
+  assert s.parse("diff_v2-d64-lr0.004") == ("diff_v2", "d64", "lr", 0.004)
+  assert {p.split("-")[1] for p in s.grid_points()} == {s.lr_grid_size}
+  assert len(s.grid_points()) == len(s.variants) * len(s.lr_grid)
+  assert s.grid_cell("diff-d128-s0") == s.grid_cell("diff-d64-s4") == f"diff-{s.lr_grid_size}"
+  grid = s.get_config("diff-d64-lr0.004")
+  assert grid.train.lr == 0.004 and grid.train.seed == grid.data.seed == s.lr_grid_seed
+  assert grid.train.steps == s.lr_grid_steps
+  with pytest.raises(UserError, match="unknown point 'diff-d32-s0'"):
+    s.parse("diff-d32-s0")

@@ -1,8 +1,9 @@
-"""Regenerates the README's generated blocks: `python tools/readme_tables.py`.
+"""Regenerates the generated blocks of the docs pages: `python tools/readme_tables.py`.
 
 The preset table is the code's parameter count; the other blocks render measured results
 (benchmarks/results/*.json, docs/results/ as copied by tools/collect_results.sh).
 tests/test_readme.py fails when a block differs from what this renders, so none is typed by hand.
+Links are written relative to the repository root and rewritten for pages under docs/.
 """
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from configs import scaling  # noqa: E402
 from diff_transformer import params  # noqa: E402
 from diff_transformer.model.spec import ModelSpec  # noqa: E402
 
-README = os.path.join(ROOT, "README.md")
+PAGES = ("docs/configs.md", "docs/evaluation.md", "docs/sweeps.md", "docs/kernels.md",
+         "docs/performance.md")
 
 
 def preset_table() -> str:
@@ -138,16 +140,20 @@ BLOCKS = {"presets": preset_table, "kernels": kernel_tables, "aot": aot_table,
           "throughput": throughput_table, "eval_report": eval_report, "sweep": sweep_report}
 
 
-def render(text: str) -> str:
+def render(text: str, page: str = "README.md") -> str:
+  """`text` with every block present rendered; links made relative to `page`'s folder."""
+  relative = (lambda s: s.replace("](docs/", "](")) if page.startswith("docs/") else (lambda s: s)
   for name, make in BLOCKS.items():
     pattern = re.compile(rf"(<!-- {name}:begin -->\n).*?(<!-- {name}:end -->)", re.S)
-    text = pattern.sub(lambda m: m.group(1) + make() + "\n" + m.group(2), text)
+    text = pattern.sub(lambda m: m.group(1) + relative(make()) + "\n" + m.group(2), text)
   return text
 
 
 if __name__ == "__main__":
-  with open(README) as f:
-    text = f.read()
-  with open(README, "w") as f:
-    f.write(render(text))
-  print("README.md blocks regenerated:", ", ".join(BLOCKS))
+  for page in PAGES:
+    path = os.path.join(ROOT, page)
+    with open(path) as f:
+      text = f.read()
+    with open(path, "w") as f:
+      f.write(render(text, page))
+  print("blocks regenerated in", ", ".join(PAGES))

@@ -42,6 +42,7 @@ class Study:
   lr_grid: tuple[float, ...] = ()  # empty: every variant at its preset's lr
   lr_grid_steps: int = 0  # 0: the compared runs' steps
   lr_grid_seed: int = 1000
+  lr_grid_size: str = ""  # with sizes: run the grid at this size only and use its lr at every size
   eval_rows: int = 512  # eval-split rows per task slice
   attention_rows: int = 32
   # --quick: these seeds, grid and flat config overrides ("train.steps", 200) for every run.
@@ -86,7 +87,13 @@ class Study:
     return [f"{self.cell_name(v, z)}-s{s}" for s in self.seeds for v, z in self.cells()]
 
   def grid_points(self) -> list[str]:
-    return [f"{self.cell_name(v, z)}-lr{lr:g}" for v, z in self.cells() for lr in self.lr_grid]
+    cells = [(v, z) for v, z in self.cells() if not self.lr_grid_size or z == self.lr_grid_size]
+    return [f"{self.cell_name(v, z)}-lr{lr:g}" for v, z in cells for lr in self.lr_grid]
+
+  def grid_cell(self, point: str) -> str:
+    """The grid cell whose best lr a compared point trains at."""
+    variant, size, _, _ = self.parse(point)
+    return self.cell_name(variant, self.lr_grid_size or size)
 
   def parse(self, point: str) -> tuple[str, str, str, float]:
     """(variant, size, 's' | 'lr', seed or learning rate)."""
@@ -152,6 +159,9 @@ class Study:
                         f"registered ({', '.join(variant_names())}), got {self.variants}")
     if self.eval_rows <= 0 or self.attention_rows <= 0:
       raise ConfigError(f"study {self.name}: eval_rows and attention_rows must be positive")
+    if self.lr_grid_size and self.lr_grid_size not in self.sizes:
+      raise ConfigError(f"study {self.name}: lr_grid_size '{self.lr_grid_size}' is not one of "
+                        f"the sizes {list(self.sizes)}")
     if any(not lr > 0 for lr in self.lr_grid) or self.lr_grid_seed in self.seeds:
       raise ConfigError(f"study {self.name}: lr_grid must be positive and lr_grid_seed "
                         f"({self.lr_grid_seed}) not one of the compared seeds")

@@ -69,9 +69,8 @@ def run(study: Study, study_file: str, root: str | Path) -> tuple[dict[str, str]
     (root / "lr_grid.json").write_text(json.dumps(grid, indent=1) + "\n")
   point_args, skipped = {}, []
   for point in study.points():
-    variant, size, _, _ = study.parse(point)
     if grid:
-      lr = grid["chosen"][study.cell_name(variant, size)]
+      lr = grid["chosen"][study.grid_cell(point)]
       if lr is None:  # every grid lr failed: nothing to compare this cell at
         skipped.append(point)
         continue
