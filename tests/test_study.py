@@ -212,3 +212,13 @@ def test_sized_study_points_and_a_grid_at_one_size():
   assert grid.train.steps == s.lr_grid_steps
   with pytest.raises(UserError, match="unknown point 'diff-d32-s0'"):
     s.parse("diff-d32-s0")
+
+
+def test_a_run_started_at_another_lr_is_refused(tmp_path):
+  """If the grid's choice changed after a compared run started, the run is not silently kept."""
+  study = cli.load_definition(str(ROOT / "configs/studies/retrieval.py"), "study", "STUDY")
+  (tmp_path / "config.json").write_text(study.get_config("diff-s0").to_json_best_effort())
+  runner.check_lr(tmp_path, "diff-s0", 0.003)  # the lr it trained at: fine
+  with pytest.raises(UserError, match="trained at lr 0.003 but the lr grid now picks 0.01"):
+    runner.check_lr(tmp_path, "diff-s0", 0.01)
+  runner.check_lr(tmp_path / "not_started", "diff-s0", 0.01)  # nothing there yet: fine

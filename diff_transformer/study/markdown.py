@@ -90,9 +90,15 @@ def _lr_grid(result: dict) -> list[str]:
     return ["Every variant trained at its preset's learning rate (no grid).", ""]
   rows = [[cell] + [_num(x, 4) if x is not None else "failed" for x in losses] +
           [grid["chosen"].get(cell)] for cell, losses in grid["val_loss"].items()]
+  edge = [cell for cell, lr in grid["chosen"].items()
+          if lr is not None and lr in (min(grid["lrs"]), max(grid["lrs"]))]
+  note = ([f"At the edge of the grid: {', '.join(edge)}. Its best lr may lie beyond the grid, so "
+           "its comparison is at the best lr tried, not at a bracketed optimum.", ""]
+          if edge else ["Every chosen lr is inside the grid.", ""])
   return ([f"## Learning rate per variant ({grid['steps']}-step runs, seed {grid['seed']}, "
            "which no compared run uses; final validation loss)", ""] +
-          _table(["variant"] + [f"lr {lr:g}" for lr in grid["lrs"]] + ["chosen"], rows) + [""])
+          _table(["variant"] + [f"lr {lr:g}" for lr in grid["lrs"]] + ["chosen"], rows) + [""] +
+          note)
 
 
 def _task_primary(result: dict) -> list[str]:

@@ -14,6 +14,7 @@ from diff_transformer.evaluation import Settings, evaluate
 from diff_transformer.model.spec import ModelSpec
 from diff_transformer.study.definition import Study
 from diff_transformer.sweeps import runner as sweep_runner
+from diff_transformer.sweeps.definition import SweepError
 from diff_transformer.training.checkpoint import read_config
 
 TASK_SUITES = ("task", "attention", "outliers")
@@ -75,6 +76,7 @@ def run(study: Study, study_file: str, root: str | Path) -> tuple[dict[str, str]
         skipped.append(point)
         continue
       point_args[point] = study.lr_args(point, lr)
+      check_lr(root / point, point, lr)
   status.update({p: "not run: every lr of its grid failed" for p in skipped})
   status.update(sweep_runner.run(study, study_file, str(root),
                                  points=[p for p in study.points() if p not in skipped],
@@ -91,6 +93,15 @@ def run(study: Study, study_file: str, root: str | Path) -> tuple[dict[str, str]
     evaluate(workdir, list(names), step=step, settings=settings)
     status[point] += "+evaluated"
   return status, grid
+
+
+def check_lr(workdir: Path, point: str, lr: float) -> None:
+  """A run already started at another lr (the grid changed since) would be skipped or resumed at
+  the wrong lr: one line instead."""
+  trained = read_config(workdir)
+  if trained is not None and abs(float(trained.train.lr) - lr) > 1e-12 * lr:
+    raise SweepError(f"study point {point}: {workdir} trained at lr {trained.train.lr:g} but the "
+                     f"lr grid now picks {lr:g}; move that run away or use another --root")
 
 
 def _metrics(workdir: Path) -> list[dict]:
