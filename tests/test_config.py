@@ -37,6 +37,17 @@ def test_bad_model_configs(overrides, field, words):
   assert message.startswith(field) and words in message and "\n" not in message
 
 
+@pytest.mark.parametrize("variant, heads", [("transformer", 8), ("diff_v2", 8), ("diff", 4)])
+def test_switching_the_variant_names_the_head_count_that_keeps_the_match(variant, heads):
+  """The default is DIFF V1 with 4 differential heads of d=32 at D=256; another variant at the
+  same d needs its own head count (the papers' parameter-matched rule), and the error says it."""
+  c = cfg(variant=variant, num_heads=2 if variant == "diff" else 4)
+  with pytest.raises(ConfigError) as e:
+    validate(c)
+  assert f"set --config.model.num_heads={heads}" in str(e.value), str(e.value)
+  validate(cfg(variant=variant, num_heads=heads))  # the named fix is valid
+
+
 def test_diff_v2_pairs_crossing_groups_rejected_unless_halves():
   c = cfg(variant="diff_v2", num_heads=8, head_dim=32, num_kv_heads=16)
   with pytest.raises(ConfigError, match="model.num_kv_heads: 2h / h_kv = 1 .* must be even"):

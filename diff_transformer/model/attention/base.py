@@ -87,7 +87,16 @@ class Attention(nnx.Module):
     """Raises ConfigError (one line naming the field) for settings this variant cannot build."""
     if spec.num_heads * spec.head_dim != spec.d_model:
       raise ConfigError(f"model.head_dim: num_heads * head_dim = {spec.num_heads * spec.head_dim}"
-                        f" must equal d_model = {spec.d_model} for {spec.variant}")
+                        f" must equal d_model = {spec.d_model} for {spec.variant}"
+                        f"{cls.heads_fix(spec)}")
+
+  @classmethod
+  def heads_fix(cls, spec: ModelSpec) -> str:
+    """The fix a head-count error names: this variant's head count at the same D and d (the
+    papers' parameter-matched rule), e.g. after switching --config.model.variant."""
+    heads = cls.heads_for(spec.d_model, spec.head_dim)
+    return (f"; at head_dim {spec.head_dim} set --config.model.num_heads={heads} (this variant's "
+            "parameter-matched head count)" if heads > 0 else "")
 
   @classmethod
   def attention_flops(cls, spec: ModelSpec, seq_len: int) -> float:

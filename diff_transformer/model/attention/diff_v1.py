@@ -50,7 +50,8 @@ class DiffAttention(Attention):
   def check(cls, spec):
     if 2 * spec.num_heads * spec.head_dim != spec.d_model:
       raise ConfigError(f"model.head_dim: 2 * num_heads * head_dim = "
-                        f"{2 * spec.num_heads * spec.head_dim} must equal d_model = {spec.d_model}")
+                        f"{2 * spec.num_heads * spec.head_dim} must equal d_model = {spec.d_model}"
+                        f"{cls.heads_fix(spec)}")
 
   @classmethod
   def attention_flops(cls, spec, seq_len):
