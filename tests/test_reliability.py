@@ -113,6 +113,20 @@ def test_guard_sets_aside_the_checkpoint_that_produced_a_bad_loss():
   assert fake.moved == [6]
 
 
+@pytest.mark.parametrize("step, cause", [(1, "the data or the initial state is the likely cause"),
+                                         (7, "lower train.lr or raise train.warmup_steps")])
+def test_guard_names_the_likely_cause(step, cause):
+  """Step 1's loss comes from the initial state at warmup's smallest lr: a non-finite value there
+  points at the data or the init; later, at the lr schedule."""
+  from diff_transformer.training.guard import DivergenceGuard
+  from diff_transformer.training.mesh import TrainError
+  with pytest.raises(TrainError, match=cause) as e:
+    DivergenceGuard(_FakeCheckpointer([])).check_step(step, dict(loss=float("nan"), grad_norm=1.0))
+  assert "\n" not in str(e.value)
+  if step == 1:
+    assert "lower train.lr" not in str(e.value)
+
+
 def test_guard_loss_spike_is_off_by_default_and_bounded_when_set():
   from diff_transformer.training.guard import DivergenceGuard
   from diff_transformer.training.mesh import TrainError

@@ -60,5 +60,14 @@ class DivergenceGuard:
     good = ckpt.committed_steps()
     kept = (f"the last good checkpoint (step {good[-1]}) is intact in {ckpt.directory}"
             if good else "no good checkpoint is left")
-    raise TrainError(f"{what}; stopped without saving it; {moved}{kept}; lower train.lr or raise "
-                     "train.warmup_steps")
+    raise TrainError(f"{what}; stopped without saving it; {moved}{kept}; {_advice(first_bad)}")
+
+
+def _advice(first_bad: int) -> str:
+  """Step 1's loss comes from the initial state at the smallest lr of the warmup: if that is
+  already not finite, the lr is an unlikely cause."""
+  if first_bad == 0:
+    return ("the first step is already not finite, so the data or the initial state is the likely "
+            "cause, not the lr: check the data's token ids against model.vocab_size, model.init_std "
+            "and model.dtype")
+  return "lower train.lr or raise train.warmup_steps"
