@@ -300,3 +300,24 @@ def test_prepare_data_bad_input(tmp_path):
   proc = run_program("prepare_data.py", "--input", str(tmp_path / "nope.txt"),
                      "--output", str(tmp_path / "out"))
   assert_single_stderr_line(proc, "nope.txt: no such file or directory")
+
+
+@pytest.mark.parametrize("args, message", [
+    ("workdir={run},stepz=3", "--model_args: unknown key 'stepz'"),
+    ("workdir={tmp}/nothing", "not a training workdir"),
+    ("workdir={task_run}", "trained on the synthetic task 'mqar'"),
+    ("workdir={run},step=7", "--model_args step=7: {run} has checkpoints at steps [4, 8]"),
+])
+def test_lm_eval_adapter_refuses_what_it_cannot_serve_in_one_line(tmp_path, args, message):
+  """Checked before lm-eval starts (and without lm-eval installed); a run of each kind is a
+  config.json and checkpoint folders, all the check reads."""
+  from diff_transformer.lm_eval.__main__ import check_model_args
+  for name, data in (("run", "shakespeare"), ("task_run", "mqar")):
+    (tmp_path / name / "checkpoints" / "4").mkdir(parents=True)
+    (tmp_path / name / "checkpoints" / "8").mkdir()
+    (tmp_path / name / "config.json").write_text(json.dumps(dict(data=dict(name=data))))
+  paths = dict(run=tmp_path / "run", task_run=tmp_path / "task_run", tmp=tmp_path)
+  with pytest.raises(ValueError) as e:
+    check_model_args(["--model_args", args.format(**paths), "--tasks", "piqa"])
+  assert message.format(**paths) in str(e.value) and "\n" not in str(e.value)
+  check_model_args([f"--model_args=workdir={paths['run']},step=8,batch_size=4"])  # servable

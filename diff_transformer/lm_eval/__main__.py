@@ -2,24 +2,46 @@
 `diff_transformer` model registered (and chosen when --model is not given)."""
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
 from diff_transformer import cli
+from diff_transformer.data import synthetic
+from diff_transformer.errors import UserError, first_line
 from diff_transformer.interop import InteropError, require
 
 
-def _check_workdir(argv: list[str]) -> None:
-  """One line for a --model_args workdir that is not a run, before lm-eval starts its work."""
+MODEL_ARGS = ("workdir", "step", "batch_size", "max_gen_toks", "max_length", "seed")
+
+
+def check_model_args(argv: list[str]) -> None:
+  """One line (ValueError) for --model_args this adapter cannot serve, before lm-eval starts its
+  work: an unknown key, a workdir that is not a run, a run trained on a synthetic task (no text
+  tokenizer to score with), a step that has no checkpoint."""
   args = [a.split("=", 1)[1] for a in argv if a.startswith("--model_args=")]
   args += [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--model_args"]
   for text in args:
     fields = dict(kv.split("=", 1) for kv in text.split(",") if "=" in kv)
-    if "workdir" in fields:
-      workdir = Path(fields["workdir"])
-      if not (workdir / "config.json").is_file() or not (workdir / "checkpoints").is_dir():
-        raise ValueError(f"--model_args workdir={workdir}: not a training workdir (no config.json "
-                         "or checkpoints/)")
+    unknown = sorted(set(fields) - set(MODEL_ARGS))
+    if unknown:
+      raise ValueError(f"--model_args: unknown key '{unknown[0]}'; the diff_transformer model "
+                       f"takes {', '.join(MODEL_ARGS)}")
+    if "workdir" not in fields:
+      continue
+    workdir = Path(fields["workdir"])
+    if not (workdir / "config.json").is_file() or not (workdir / "checkpoints").is_dir():
+      raise ValueError(f"--model_args workdir={workdir}: not a training workdir (no config.json "
+                       "or checkpoints/)")
+    data = json.loads((workdir / "config.json").read_text()).get("data", {})
+    if data.get("name") in synthetic.TASKS:
+      raise ValueError(f"--model_args workdir={workdir}: trained on the synthetic task "
+                       f"'{data['name']}', which has no text tokenizer; evaluate it with "
+                       f"`python eval.py --workdir {workdir}`")
+    step = fields.get("step", "")
+    steps = sorted(int(d.name) for d in (workdir / "checkpoints").iterdir() if d.name.isdigit())
+    if step and (not step.isdigit() or int(step) not in steps):
+      raise ValueError(f"--model_args step={step}: {workdir} has checkpoints at steps {steps}")
 
 
 def main() -> None:
@@ -29,7 +51,7 @@ def main() -> None:
   except InteropError as e:
     sys.exit(f"error: {e}")
   try:
-    _check_workdir(sys.argv[1:])
+    check_model_args(sys.argv[1:])
   except ValueError as e:
     sys.exit(f"error: {e}")
   import diff_transformer.lm_eval.model  # noqa: F401  (registers "diff_transformer")
@@ -40,7 +62,10 @@ def main() -> None:
   if argv[0] == "run" and not any(a == "--model" or a.startswith("--model=") for a in argv):
     argv = ["run", "--model", "diff_transformer", *argv[1:]]
   sys.argv = [sys.argv[0], *argv]
-  cli_evaluate()
+  try:
+    cli_evaluate()
+  except UserError as e:  # the project's own errors, as every other program prints them
+    sys.exit(f"error: {first_line(e)}")
 
 
 if __name__ == "__main__":
