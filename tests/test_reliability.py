@@ -2,13 +2,14 @@
 stops the run in one line, one writer per workdir, a changed batch size is recorded (on the resume
 after a divergence), and every bad input is one line.
 
-The programs (train.py, sweep.py, aot_compile.py, prepare_data.py) are started where their own
-handling is the point: the whole of stderr is one `error:` line, exit status 2, no traceback
-(cli.run). The training library's refusals (workdir, data, config.json, saves) run in-process
+Every program (train.py, eval.py, study.py, sweep.py, export.py, aot_compile.py, prepare_data.py,
+the lm-eval adapter) is started once with bad input: the whole of stderr is one `error:` line,
+exit status 2, no traceback (cli.run). The training library's refusals (workdir, data, config.json, saves) run in-process
 (test_training_runs.train_here) and must be one-line UserErrors, which cli.run prints as that line.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -284,22 +285,35 @@ def test_read_only_workdir(corpus, tmp_path):
       _umount(ro)
 
 
-def test_sweep_file_with_a_syntax_error(tmp_path):
-  bad = tmp_path / "bad_sweep.py"
-  bad.write_text("from diff_transformer.sweeps.definition import Sweep\nSWEEP = Sweep(\n")
-  proc = run_program("sweep.py", f"--sweep={bad}", f"--root={tmp_path / 'r'}")
-  assert_single_stderr_line(proc, f"--sweep: {bad}:2:")
+PROGRAM_FAULTS = [  # (program, arguments, what the one line says); {tmp}: the test's folder
+    ("train.py", ["--config.model.num_heads=3", "--dry_run"], "model.head_dim"),
+    ("eval.py", ["--workdir={tmp}/nothing"], "{tmp}/nothing"),
+    ("study.py", ["--quick", "--seeds=0,x", "--root={tmp}/s"], "--seeds: '0,x' is not"),
+    ("sweep.py", ["--sweep={tmp}/bad_sweep.py", "--root={tmp}/r"], "--sweep: {tmp}/bad_sweep.py:2:"),
+    # without the hf extra export.py names it first; with it, the workdir
+    ("export.py", ["--workdir={tmp}/nothing", "--out={tmp}/hf"],
+     "install the hf extra" if importlib.util.find_spec("transformers") is None
+     else "{tmp}/nothing"),
+    ("aot_compile.py", ["--topology=v5e_2x2"], "--topology: 'v5e_2x2' is not a TPU topology name"),
+    ("prepare_data.py", ["--input", "{tmp}/nope.txt", "--output", "{tmp}/out"],
+     "nope.txt: no such file or directory"),
+    ("-m diff_transformer.lm_eval", ["--model_args", "workdir={tmp}/nothing", "--tasks", "piqa"],
+     "not a training workdir"),
+]
 
 
-def test_malformed_tpu_topology():
-  proc = run_program("aot_compile.py", "--topology=v5e_2x2")
-  assert_single_stderr_line(proc, "--topology: 'v5e_2x2' is not a TPU topology name")
-
-
-def test_prepare_data_bad_input(tmp_path):
-  proc = run_program("prepare_data.py", "--input", str(tmp_path / "nope.txt"),
-                     "--output", str(tmp_path / "out"))
-  assert_single_stderr_line(proc, "nope.txt: no such file or directory")
+@pytest.mark.parametrize("program, args, message", PROGRAM_FAULTS, ids=[p[0] for p in PROGRAM_FAULTS])
+def test_every_program_ends_bad_input_in_one_line(tmp_path, program, args, message):
+  """Each entry point: the whole of stderr is one `error:` line, exit status 2, no traceback."""
+  (tmp_path / "bad_sweep.py").write_text(
+      "from diff_transformer.sweeps.definition import Sweep\nSWEEP = Sweep(\n")
+  args = [a.format(tmp=tmp_path) for a in args]
+  if program.startswith("-m "):
+    proc = subprocess.run([sys.executable, *program.split(), *args], cwd=ROOT, env=env(),
+                          capture_output=True, text=True, timeout=300)
+  else:
+    proc = run_program(program, *args)
+  assert_single_stderr_line(proc, message.format(tmp=tmp_path))
 
 
 @pytest.mark.parametrize("args, message", [

@@ -47,13 +47,10 @@ def check_model_args(argv: list[str]) -> None:
 def main() -> None:
   cli.default_platform()
   try:
-    require("lm_eval")
-  except InteropError as e:
-    sys.exit(f"error: {e}")
-  try:
     check_model_args(sys.argv[1:])
-  except ValueError as e:
-    sys.exit(f"error: {e}")
+    require("lm_eval")
+  except (ValueError, InteropError) as e:
+    _fail(str(e))
   import diff_transformer.lm_eval.model  # noqa: F401  (registers "diff_transformer")
   from lm_eval.__main__ import cli_evaluate
   argv = sys.argv[1:]
@@ -65,7 +62,13 @@ def main() -> None:
   try:
     cli_evaluate()
   except UserError as e:  # the project's own errors, as every other program prints them
-    sys.exit(f"error: {first_line(e)}")
+    _fail(first_line(e))
+
+
+def _fail(message: str) -> None:
+  """One `error:` line and exit status 2, as cli.run ends every other program."""
+  print(f"error: {message}", file=sys.stderr)
+  sys.exit(2)
 
 
 if __name__ == "__main__":
