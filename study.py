@@ -26,6 +26,7 @@ cli.default_platform()
 from absl import flags, logging  # noqa: E402
 
 from diff_transformer.study import markdown, report, runner  # noqa: E402
+from diff_transformer.sweeps import runner as sweep_runner  # noqa: E402
 
 flags.DEFINE_string("study", "configs/studies/retrieval.py", "Study file (defines STUDY).")
 flags.DEFINE_string("root", "", "Directory of the study's runs (default runs/studies/<name>).")
@@ -48,6 +49,7 @@ def command() -> str:
 
 def main(argv):
   del argv
+  sweep_runner.stop_on_sigterm()
   logging.set_verbosity(logging.WARNING)
   start = time.perf_counter()
   study = cli.load_definition(FLAGS.study, "study", "STUDY").validate()  # the whole file, also when running --quick

@@ -29,6 +29,7 @@ FLAGS = flags.FLAGS
 
 def main(argv):
   del argv
+  runner.stop_on_sigterm()
   sweep = cli.load_definition(FLAGS.sweep, "sweep", "SWEEP", SweepError)
   root = FLAGS.root or os.path.join("runs", "sweeps", sweep.name)
   sweep.validate()

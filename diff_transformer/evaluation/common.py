@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 from pathlib import Path
 
 import jax
@@ -155,7 +156,9 @@ def batched(items: list, size: int):
 def write_json(out_dir: Path, name: str, obj: dict) -> Path:
   out_dir.mkdir(parents=True, exist_ok=True)
   path = out_dir / f"{name}.json"
-  path.write_text(json.dumps(obj, indent=2, default=_jsonable) + "\n")
+  tmp = path.with_suffix(".json.tmp")  # a kill mid-write leaves the old file or none, never half
+  tmp.write_text(json.dumps(obj, indent=2, default=_jsonable) + "\n")
+  os.replace(tmp, path)
   return path
 
 

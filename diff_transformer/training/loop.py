@@ -266,6 +266,7 @@ def _train(config: ml_collections.ConfigDict, workdir: Path, lock: WorkdirLock |
             f"{summary['unigram_entropy']:.4f} nats/token; checkpoint step {step} in "
             f"{checkpointer.directory}", flush=True)
       # The record that a run reached its last step (sweeps skip such runs on a rerun).
-      with open(Path(workdir) / "summary.json", "w") as f:
-        json.dump(summary, f, indent=1)
+      tmp = Path(workdir) / "summary.json.tmp"  # atomic: a kill leaves no half record
+      tmp.write_text(json.dumps(summary, indent=1))
+      os.replace(tmp, Path(workdir) / "summary.json")
   return summary

@@ -1,0 +1,109 @@
+"""study.py and sweep.py under faults: SIGKILL or SIGTERM while a child trains, and during the
+study's evaluation phase; rerunning the same command finishes, every run counted once."""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from test_study import TINY_STUDY
+
+ROOT = Path(__file__).resolve().parents[1]
+DEADLINE_S = 240
+
+SWEEP_FILE = """
+from configs import synthetic
+from diff_transformer.sweeps.definition import Sweep
+
+def make(variant):
+  c = synthetic.get_config(f"{variant}-mqar_plain")
+  c.train.eval_every, c.train.eval_batches, c.train.global_batch_size = 3, 1, 8
+  c.train.checkpoint_every = 3
+  return c
+
+SWEEP = Sweep("faults", sizes={"a": make}, budgets={"6": 6}, variants=("transformer", "diff"))
+get_config = SWEEP.get_config
+"""
+
+
+def start(program: str, *args: str) -> subprocess.Popen:
+  env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
+  return subprocess.Popen([sys.executable, str(ROOT / program), *args], cwd=ROOT, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def lock_held(workdir: Path) -> bool:
+  path = workdir / "train.lock"
+  if not path.exists():
+    return False
+  with open(path, "a+") as f:
+    try:
+      fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+      return True
+    fcntl.flock(f, fcntl.LOCK_UN)
+    return False
+
+
+def wait_until(condition, what: str) -> None:
+  deadline = time.monotonic() + DEADLINE_S
+  while not condition():
+    assert time.monotonic() < deadline, f"timed out waiting for {what}"
+    time.sleep(0.1)
+
+
+def interrupt(proc: subprocess.Popen, sig: int, workdir: Path) -> subprocess.CompletedProcess:
+  """Sends `sig` to the driver and waits for it and for the child training in `workdir`."""
+  proc.send_signal(sig)
+  out, err = proc.communicate(timeout=DEADLINE_S)
+  wait_until(lambda: not lock_held(workdir), f"the child in {workdir} to exit")
+  return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def test_study_survives_kills_in_a_child_and_in_evaluation(tmp_path):
+  file = tmp_path / "tiny_study.py"
+  file.write_text(TINY_STUDY.replace("quick_lr_grid=(1e-3, 3e-3), ", ""))
+  root = tmp_path / "root"
+  args = (f"--study={file}", "--quick", f"--root={root}")
+  first = root / "transformer-s0"
+  proc = start("study.py", *args)
+  wait_until(lambda: lock_held(first), "the first child")
+  assert interrupt(proc, signal.SIGKILL, first).returncode == -signal.SIGKILL
+
+  proc = start("study.py", *args)  # resumes; stopped again while it evaluates
+  wait_until(lambda: (first / "eval").is_dir(), "the evaluation phase")
+  stopped = interrupt(proc, signal.SIGTERM, first)
+  assert stopped.returncode == 2 and "Traceback" not in stopped.stderr, stopped.stderr[-2000:]
+  assert stopped.stderr.strip().splitlines()[-1].startswith("error: stopped by SIGTERM")
+
+  done = start("study.py", *args)
+  out, err = done.communicate(timeout=DEADLINE_S)
+  assert done.returncode == 0, err[-2000:]
+  runs = json.loads((root / "study.json").read_text())["runs"]
+  assert sorted(r["point"] for r in runs) == sorted(
+      ["transformer-s0", "diff_v2-s0", "transformer-s1", "diff_v2-s1"])  # each exactly once
+  assert all(r["steps"] == 4 for r in runs)
+
+
+def test_sweep_survives_sigterm_and_sigkill_in_a_child(tmp_path):
+  file = tmp_path / "faults_sweep.py"
+  file.write_text(SWEEP_FILE)
+  root = tmp_path / "root"
+  args = (f"--sweep={file}", f"--root={root}")
+  for sig, point in ((signal.SIGTERM, "transformer-a-6"), (signal.SIGKILL, "transformer-a-6")):
+    proc = start("sweep.py", *args)
+    wait_until(lambda: lock_held(root / point), f"the child of {point}")
+    stopped = interrupt(proc, sig, root / point)
+    if sig == signal.SIGTERM:
+      assert stopped.returncode == 2, stopped.stderr[-2000:]
+      assert stopped.stderr.strip().splitlines()[-1].startswith("error: stopped by SIGTERM")
+  done = start("sweep.py", *args)
+  out, err = done.communicate(timeout=DEADLINE_S)
+  assert done.returncode == 0, err[-2000:]
+  for point in ("transformer-a-6", "diff-a-6"):
+    assert json.loads((root / point / "summary.json").read_text())["step"] == 6
