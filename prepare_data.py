@@ -5,6 +5,7 @@
       [--bpe_vocab_size 8192] [--val_fraction 0.05] [--text_field text] [--force]
       [--workers N] [--shard_tokens 134217728]
   python train.py ... --config.data.name=prepared --config.data.path=data/mine
+  python prepare_data.py --verify data/mine     # scan every shard: ids in range, checksums match
 
 Inputs: .txt files (one document each), .jsonl files (one document per line, in --text_field),
 or directories of them (searched recursively). `--shakespeare` instead fetches and prepares the
@@ -19,6 +20,7 @@ import time
 from diff_transformer import cli
 from diff_transformer.config import base_config
 from diff_transformer.data import DataError, load_dataset, prepare_files
+from diff_transformer.data.dataset import verify_prepared
 from diff_transformer.data.shards import SHARD_TOKENS
 from diff_transformer.data.tokenizer import TOKENIZERS
 
@@ -52,8 +54,17 @@ def main(argv: list[str] | None = None) -> int:
   p.add_argument("--shakespeare", action="store_true",
                  help="fetch + prepare the built-in corpus into the cache instead")
   p.add_argument("--cache_dir", default=defaults.cache_dir)
+  p.add_argument("--verify", metavar="DIR",
+                 help="scan a prepared directory's shards: ids against its vocabulary, sha256 "
+                      "against metadata.json; nothing is written")
   args = p.parse_args(argv)
   start = time.time()
+  if args.verify:
+    result = verify_prepared(args.verify)
+    print(json.dumps(dict(result, seconds=round(time.time() - start, 1))))
+    print(f"{args.verify}: {result['shards']} shards, {result['tokens']} tokens: every id inside "
+          f"the vocabulary; {result['checksums_compared']} checksums match")
+    return 0
   if args.shakespeare:
     cfg = defaults
     cfg.update(dict(tokenizer=args.tokenizer, bpe_vocab_size=args.bpe_vocab_size,

@@ -91,3 +91,66 @@ def test_bad_shard_settings_are_one_line(tmp_path, kwargs, match):
   with pytest.raises(DataError, match=match) as e:
     prepare_files([tmp_path / "a.txt"], tmp_path / "x", tokenizer="byte", **kwargs)
   assert "\n" not in str(e.value) and not (tmp_path / "x").exists()
+
+
+def test_shards_record_their_id_range_and_checksum(two_layouts):
+  import hashlib
+  from diff_transformer.data.dataset import verify_prepared
+  many = load_dataset(_data_config(two_layouts[1]))
+  for split in ("train", "val"):
+    for k, shard in enumerate(many.shards(split)):
+      assert shard["max_id"] == int(many.shard_tokens(split, k).max())
+      assert shard["sha256"] == hashlib.sha256((many.path / shard["file"]).read_bytes()).hexdigest()
+  got = verify_prepared(two_layouts[1])
+  assert got["checksums_compared"] == got["shards"] == sum(len(many.shards(s)) for s in
+                                                           ("train", "val"))
+
+
+def test_ids_outside_the_vocabulary_are_one_line_naming_shard_id_vocab_and_rebuild(two_layouts,
+                                                                                  tmp_path, capsys):
+  """The issue's case: a shard overwritten with id 65535 at the same byte length. Opening checks
+  only what metadata.json records (cheap), so --verify's scan finds it; a recorded id out of
+  range stops the opening itself. Both lines name the shard, the id, the vocabulary and the fix."""
+  import prepare_data
+  from diff_transformer.data.dataset import verify_prepared
+  bad = tmp_path / "bad"
+  shutil.copytree(two_layouts[0], bad)
+  meta = json.loads((bad / "metadata.json").read_text())
+  shard = meta["splits"]["train"]["shards"][0]
+  ids = np.fromfile(bad / shard["file"], dtype=meta["dtype"])
+  np.full_like(ids, 65535).tofile(bad / shard["file"])
+  vocab = load_dataset(_data_config(bad)).vocab_size  # sizes match: opening cannot tell
+  with pytest.raises(DataError) as e:
+    verify_prepared(bad)
+  line = str(e.value)
+  assert "\n" not in line and shard["file"] in line and "token id 65535" in line
+  assert f"vocabulary of {vocab}" in line and "python prepare_data.py --input" in line
+  with pytest.raises(DataError, match="token id 65535"):
+    prepare_data.main(["--verify", str(bad)])
+  meta["splits"]["train"]["shards"][0]["max_id"] = 65535  # what prepare records for such ids
+  (bad / "metadata.json").write_text(json.dumps(meta))
+  with pytest.raises(DataError, match=f"token id 65535 is outside the tokenizer's vocabulary of "
+                                      f"{vocab}"):
+    load_dataset(_data_config(bad))
+  # An id inside the vocabulary but a changed byte: only the checksum sees it.
+  changed = tmp_path / "changed"
+  shutil.copytree(two_layouts[0], changed)
+  ids = np.fromfile(changed / shard["file"], dtype=meta["dtype"])
+  ids[1] = (ids[1] + 1) % vocab
+  ids.tofile(changed / shard["file"])
+  with pytest.raises(DataError, match="its sha256 differs from the one metadata.json recorded"):
+    verify_prepared(changed)
+  # Metadata from before these fields: opens with a one-line note; --verify still scans ids.
+  old = tmp_path / "old"
+  shutil.copytree(two_layouts[0], old)
+  meta = json.loads((old / "metadata.json").read_text())
+  for split in ("train", "val"):
+    for s in meta["splits"][split]["shards"]:
+      s.pop("max_id"), s.pop("sha256")
+  (old / "metadata.json").write_text(json.dumps(meta))
+  capsys.readouterr()
+  load_dataset(_data_config(old))
+  note = capsys.readouterr().err.strip().splitlines()
+  assert len(note) == 1 and note[0].startswith("note: ") and "--verify" in note[0]
+  assert verify_prepared(old)["checksums_compared"] == 0
+  assert prepare_data.main(["--verify", str(old)]) == 0

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import sys
 from pathlib import Path
 
 import ml_collections
@@ -11,7 +12,7 @@ import numpy as np
 from diff_transformer.data import corpus, synthetic
 from diff_transformer.data.common import DataError, cache_root
 from diff_transformer.data.prepare import SPLITS, prepare_documents, read_metadata
-from diff_transformer.data.shards import split_shards
+from diff_transformer.data.shards import scan_shard, split_shards
 from diff_transformer.data.tokenizer import Tokenizer, check_name, load_tokenizer
 
 DATASETS = ("shakespeare", "prepared") + synthetic.TASKS
@@ -138,13 +139,65 @@ def load_dataset(data_config: ml_collections.ConfigDict, *, seq_len: int | None 
   seq_len = int(data_config.seq_len if seq_len is None else seq_len)
   if seq_len <= 0:
     raise DataError(f"data.seq_len: must be positive, got {seq_len}")
+  unchecked = 0
   for split in SPLITS:
     for shard in split_shards(meta["splits"][split]):
       n = shard["stream_tokens"] * np.dtype(meta["dtype"]).itemsize
       file = path / shard["file"]
       if not file.is_file() or file.stat().st_size != n:
         raise DataError(f"{file}: missing or not {n} bytes as metadata.json says; prepare again")
+      if "max_id" not in shard:
+        unchecked += 1
+      elif shard["max_id"] >= tok.vocab_size:
+        raise out_of_range(file, shard["max_id"], tok.vocab_size, path, meta)
+  if unchecked:  # prepared before shards recorded their id range and checksum
+    print(f"note: {path} records no id range or checksum for {unchecked} shard(s); "
+          f"`python prepare_data.py --verify {path}` scans them", file=sys.stderr)
   return Dataset(path=path, tokenizer=tok, metadata=meta, seq_len=seq_len)
+
+
+def rebuild_command(path: Path, meta: dict) -> str:
+  sources = meta.get("sources") or []
+  if not sources:
+    return f"delete {path} (the built-in corpus is prepared again on its next use)"
+  return (f"python prepare_data.py {' '.join(f'--input {s}' for s in sources)} --output {path} "
+          f"--tokenizer {meta['tokenizer']['name']} --force")
+
+
+def out_of_range(file: Path, token_id: int, vocab_size: int, path: Path, meta: dict) -> DataError:
+  """The one line for a shard holding an id the tokenizer cannot have produced."""
+  return DataError(f"{file}: token id {token_id} is outside the tokenizer's vocabulary of "
+                   f"{vocab_size} (a wrong --tokenizer at prepare time, a stale or damaged shard); "
+                   f"rebuild it: {rebuild_command(path, meta)}")
+
+
+def verify_prepared(directory: str | Path) -> dict:
+  """Scans every shard of a prepared directory (`prepare_data.py --verify`): its ids against the
+  tokenizer's vocabulary and its sha256 against metadata.json where recorded. The first problem
+  is one DataError; returns {shards, tokens, checksums_compared}."""
+  path = Path(directory).expanduser().resolve()
+  meta = read_metadata(path)
+  vocab = load_tokenizer(meta["tokenizer"], path).vocab_size
+  out = dict(shards=0, tokens=0, checksums_compared=0)
+  for split in SPLITS:
+    for shard in split_shards(meta["splits"][split]):
+      file = path / shard["file"]
+      n = shard["stream_tokens"] * np.dtype(meta["dtype"]).itemsize
+      if not file.is_file() or file.stat().st_size != n:
+        raise DataError(f"{file}: missing or not {n} bytes as metadata.json says; rebuild it: "
+                        f"{rebuild_command(path, meta)}")
+      largest, digest = scan_shard(file, meta["dtype"])
+      if largest >= vocab:
+        raise out_of_range(file, largest, vocab, path, meta)
+      if "sha256" in shard:
+        if digest != shard["sha256"]:
+          raise DataError(f"{file}: its sha256 differs from the one metadata.json recorded (the "
+                          f"shard changed since it was prepared); rebuild it: "
+                          f"{rebuild_command(path, meta)}")
+        out["checksums_compared"] += 1
+      out["shards"] += 1
+      out["tokens"] += shard["stream_tokens"]
+  return out
 
 
 def heldout_documents(dataset: Dataset) -> list[str]:

@@ -3,13 +3,16 @@
 A split is a list of shards. Each shard is a self-contained framed stream of whole documents,
   <split>-NNNNN.bin       eot d_a eot d_a+1 ... eot   (little-endian uint16 or uint32)
   <split>-NNNNN.idx.npy   int64 offsets of its eot ids (its documents + 1 entries)
-so no document crosses a shard boundary and a reader maps one file per shard. A shard closes
+so no document crosses a shard boundary and a reader maps one file per shard. Each shard's
+metadata entry records its largest id (`max_id`, checked against the vocabulary whenever the data
+is opened) and the sha256 of its .bin (`sha256`, compared by `prepare_data.py --verify`). A shard closes
 once its stream reaches `shard_tokens` (a single longer document makes one larger shard).
 Directories prepared before sharding (one `<split>.bin` per split, metadata format 1) read as a
 split of one shard.
 """
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import numpy as np
@@ -35,11 +38,13 @@ class ShardWriter:
     self.shards: list[dict] = []
     self._file = None
     self._offsets: list[int] = []
+    self._max, self._hash = 0, hashlib.sha256()
 
   def _open(self) -> None:
     name = f"{self.split}-{len(self.shards):05d}"
     self._file = open(self.out / f"{name}.bin", "wb")
-    self._file.write(self._eot)
+    self._write(self._eot)
+    self._max = int(np.frombuffer(self._eot, self.dtype)[0])
     self._offsets = [0]
     self.shards.append(dict(file=f"{name}.bin", index=f"{name}.idx.npy"))
 
@@ -48,14 +53,22 @@ class ShardWriter:
     self._file = None
     shard = self.shards[-1]
     np.save(self.out / shard["index"], np.asarray(self._offsets, np.int64))
-    shard.update(documents=len(self._offsets) - 1, stream_tokens=self._offsets[-1] + 1)
+    shard.update(documents=len(self._offsets) - 1, stream_tokens=self._offsets[-1] + 1,
+                 max_id=self._max, sha256=self._hash.hexdigest())
+    self._hash = hashlib.sha256()
+
+  def _write(self, data: bytes) -> None:
+    self._file.write(data)
+    self._hash.update(data)
 
   def add(self, ids_N: np.ndarray) -> None:
     """One document's token ids (without eot), framed by the shard's end-of-text ids."""
     if self._file is None:
       self._open()
-    self._file.write(ids_N.astype(self.dtype, copy=False).tobytes())
-    self._file.write(self._eot)
+    self._write(ids_N.astype(self.dtype, copy=False).tobytes())
+    self._write(self._eot)
+    if len(ids_N):
+      self._max = max(self._max, int(ids_N.max()))
     self._offsets.append(self._offsets[-1] + len(ids_N) + 1)
     if self._offsets[-1] + 1 >= self.shard_tokens:
       self._close()
@@ -69,3 +82,14 @@ class ShardWriter:
     if self._file is not None:
       self._file.close()
       self._file = None
+
+
+def scan_shard(path: Path, dtype: str, chunk: int = 1 << 24) -> tuple[int, str]:
+  """(largest id, sha256) of a shard file, read in chunks (prepare_data.py --verify)."""
+  ids = np.memmap(path, dtype=np.dtype(dtype), mode="r")
+  largest, digest = 0, hashlib.sha256()
+  for start in range(0, len(ids), chunk):
+    part = np.asarray(ids[start:start + chunk])
+    largest = max(largest, int(part.max()))
+    digest.update(part.tobytes())
+  return largest, digest.hexdigest()
