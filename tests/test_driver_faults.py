@@ -65,29 +65,42 @@ def interrupt(proc: subprocess.Popen, sig: int, workdir: Path) -> subprocess.Com
   return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
-def test_study_survives_kills_in_a_child_and_in_evaluation(tmp_path):
+def test_study_survives_kills_in_children_and_in_evaluation_and_names_a_failed_child(tmp_path):
+  """SIGKILL and SIGTERM while a child trains, then both again while the study evaluates; the
+  DIFF V2 runs fail at start (an init_from_hf folder that does not exist): named with their log,
+  the others go on, and the study exits 1 with every finished run counted once."""
   file = tmp_path / "tiny_study.py"
-  file.write_text(TINY_STUDY.replace("quick_lr_grid=(1e-3, 3e-3), ", ""))
+  file.write_text(TINY_STUDY.replace("quick_lr_grid=(1e-3, 3e-3),", "").replace(
+      "  return c\n", "  if variant == 'diff_v2':\n    c.init_from_hf = '/nonexistent/hf'\n"
+      "  return c\n", 1))
   root = tmp_path / "root"
   args = (f"--study={file}", "--quick", f"--root={root}")
-  first = root / "transformer-s0"
-  proc = start("study.py", *args)
-  wait_until(lambda: lock_held(first), "the first child")
-  assert interrupt(proc, signal.SIGKILL, first).returncode == -signal.SIGKILL
-
-  proc = start("study.py", *args)  # resumes; stopped again while it evaluates
-  wait_until(lambda: (first / "eval").is_dir(), "the evaluation phase")
-  stopped = interrupt(proc, signal.SIGTERM, first)
-  assert stopped.returncode == 2 and "Traceback" not in stopped.stderr, stopped.stderr[-2000:]
-  assert stopped.stderr.strip().splitlines()[-1].startswith("error: stopped by SIGTERM")
+  for sig, point, phase in ((signal.SIGKILL, "transformer-s0", "train"),
+                            (signal.SIGTERM, "transformer-s1", "train"),
+                            (signal.SIGKILL, "transformer-s0", "eval"),
+                            (signal.SIGTERM, "transformer-s1", "eval")):
+    proc = start("study.py", *args)
+    workdir = root / point
+    if phase == "train":
+      wait_until(lambda: lock_held(workdir), f"the child of {point}")
+    else:
+      wait_until(lambda: (workdir / "eval").is_dir(), f"the evaluation of {point}")
+    stopped = interrupt(proc, sig, workdir)
+    if sig == signal.SIGTERM:
+      assert stopped.returncode == 2, stopped.stderr[-2000:]
+      assert stopped.stderr.strip().splitlines()[-1].startswith("error: stopped by SIGTERM")
+    else:
+      assert stopped.returncode == -signal.SIGKILL
 
   done = start("study.py", *args)
   out, err = done.communicate(timeout=DEADLINE_S)
-  assert done.returncode == 0, err[-2000:]
-  runs = json.loads((root / "study.json").read_text())["runs"]
-  assert sorted(r["point"] for r in runs) == sorted(
-      ["transformer-s0", "diff_v2-s0", "transformer-s1", "diff_v2-s1"])  # each exactly once
-  assert all(r["steps"] == 4 for r in runs)
+  assert done.returncode == 1 and "Traceback" not in err, err[-2000:]
+  for point in ("diff_v2-s0", "diff_v2-s1"):  # named, with the log to read
+    assert f"{point}: failed (exit 2); see {root / point / 'sweep.log'}" in err, err[-2000:]
+  data = json.loads((root / "study.json").read_text())
+  assert sorted(r["point"] for r in data["runs"]) == ["transformer-s0", "transformer-s1"]
+  assert all(r["steps"] == 4 for r in data["runs"])  # finished runs only, each exactly once
+  assert data["missing"] == ["diff_v2-s0", "diff_v2-s1"]
 
 
 def test_sweep_survives_sigterm_and_sigkill_in_a_child(tmp_path):
