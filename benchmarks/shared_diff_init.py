@@ -23,31 +23,19 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from flax import nnx  # noqa: E402
-
 from configs import synthetic as presets  # noqa: E402
-from diff_transformer.evaluation import common, outliers  # noqa: E402
+from diff_transformer.evaluation import outliers  # noqa: E402
 from diff_transformer.model.attention.shared_diff import LOWRANK_INITS  # noqa: E402
-from diff_transformer.model.decoder import Decoder  # noqa: E402
 from diff_transformer.model.spec import ModelSpec  # noqa: E402
 from diff_transformer.study.runner import curve, first_step  # noqa: E402
 from diff_transformer.study.stats import censored_median, summarize  # noqa: E402
 
 
-def logit_rms(preset: str, lowrank_init: str | None = None, seeds=(0, 1, 2), T: int = 96) -> float:
+def logit_rms(preset: str, lowrank_init: str | None = None) -> float:
   c = presets.get_config(preset)
   if lowrank_init:
     c.model.lowrank_init = lowrank_init
-  spec = ModelSpec.from_config(c.model)
-  out = []
-  for seed in seeds:
-    rng = np.random.default_rng(seed)
-    batch = dict(inputs=rng.integers(4, c.data.task.vocab_size, (4, T)).astype(np.int32),
-                 segment_ids=np.ones((4, T), np.int32),
-                 positions=np.tile(np.arange(T, dtype=np.int32), (4, 1)))
-    fns = common.Fns(Decoder(spec, rngs=nnx.Rngs(seed)))
-    out.append(outliers.analyse(fns, batch)["overall"]["attention_logits"]["rms"])
-  return float(np.mean(out))
+  return outliers.initial_logit_rms(ModelSpec.from_config(c.model), c.data.task.vocab_size)
 
 
 def train(arm: str, seed: int, steps: int, root: Path) -> dict:

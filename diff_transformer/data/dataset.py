@@ -13,6 +13,7 @@ from diff_transformer.data import corpus, synthetic
 from diff_transformer.data.common import DataError, cache_root
 from diff_transformer.data.prepare import SPLITS, prepare_documents, read_metadata
 from diff_transformer.data.shards import scan_shard, split_shards
+from diff_transformer.data.task_tokenizer import TaskTokenizer
 from diff_transformer.data.tokenizer import Tokenizer, check_name, load_tokenizer
 
 DATASETS = ("shakespeare", "prepared") + synthetic.TASKS
@@ -65,7 +66,7 @@ class TaskDataset(_TokenizerFields):
   """A synthetic task (data/synthetic.py) in place of a prepared directory: rows come from
   synthetic.generate, the 'tokenizer' is the task's id layout."""
   spec: synthetic.TaskSpec
-  tokenizer: synthetic.TaskTokenizer
+  tokenizer: TaskTokenizer
   seq_len: int
 
   @property
@@ -121,7 +122,7 @@ def load_dataset(data_config: ml_collections.ConfigDict, *, seq_len: int | None 
   """
   if data_config.name in synthetic.TASKS:
     spec = synthetic.task_spec(data_config, seq_len)
-    return TaskDataset(spec=spec, tokenizer=synthetic.TaskTokenizer(spec), seq_len=spec.seq_len)
+    return TaskDataset(spec=spec, tokenizer=TaskTokenizer(spec), seq_len=spec.seq_len)
   path = _prepared_dir(data_config)
   meta = read_metadata(path)
   recorded = meta["tokenizer"]

@@ -15,19 +15,15 @@
          so each round gives every asked needle one partial match per key token and neither
          key alone answers; then R questions `QUERY ka kb v` at the end; the loss counts each v.
 
-Ids: 0 pad, 1 blank, 2 NEEDLE, 3 QUERY; pools of distinct ids follow (see `TaskSpec.pools`).
-Only a strict subset of the stored items is asked; what shortcuts (elimination of answered
-items, one key token) still score is evaluation/floors.py's business.
-Train and eval rows are disjoint by construction: a row belongs to the eval split iff a hash of
-its tokens falls in bucket 0 of `heldout_buckets`, and each split keeps only its own rows.
-Every row of a batch is exactly seq_len + 1 tokens (inputs = row[:-1], targets = row[1:]), so
+Ids: 0 pad, 1 blank, 2 NEEDLE, 3 QUERY, then pools of distinct ids (`TaskSpec.pools`); shortcut
+floors: evaluation/floors.py; the layout as a tokenizer: data/task_tokenizer.py. Train and eval
+rows are disjoint: a row is in the eval split iff a hash of its tokens falls in bucket 0 of
+`heldout_buckets`. Every row is seq_len + 1 tokens (inputs = row[:-1], targets = row[1:]), so
 packing does not apply and, the rows being i.i.d. draws, neither does shuffling.
 """
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 
 import ml_collections
 import numpy as np
@@ -302,25 +298,3 @@ def to_batch(example: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
   return dict(inputs=seq[:, :-1], targets=seq[:, 1:], segment_ids=np.ones((rows, T), np.int32),
               positions=np.broadcast_to(np.arange(T, dtype=np.int32), (rows, T)).copy(),
               weights=weights)
-
-
-class TaskTokenizer:
-  """The task's id layout as a tokenizer (ids print as names; checkpoints record the layout)."""
-  name = "synthetic"
-
-  def __init__(self, spec: TaskSpec):
-    self.spec = spec
-    self.vocab_size = spec.vocab_size
-    self.eot_id = PAD
-    layout = json.dumps(dict(spec.describe(), seq_len=None), sort_keys=True)
-    self.checksum = hashlib.sha256(layout.encode()).hexdigest()
-
-  def encode(self, text: str) -> list[int]:
-    return [int(t.lstrip("#")) for t in text.split()]
-
-  def encode_batch(self, texts):
-    return [self.encode(t) for t in texts]
-
-  def decode(self, ids) -> str:
-    names = {PAD: "<pad>", BLANK: "_", NEEDLE: "NEEDLE", QUERY: "QUERY"}
-    return " ".join(names.get(int(i), f"#{int(i)}") for i in ids)

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from diff_transformer.evaluation import common
+from diff_transformer.model import build_model
 
 RANKS = (1, 2, 3, 10, 100)
 
@@ -80,3 +82,16 @@ def run(fns: common.Fns, batch: dict, settings, out_dir) -> dict:
                           "(query, key) pairs; hidden = residual stream entering each layer, "
                           "and 'final' = the last block's output")
   return result
+
+
+def initial_logit_rms(spec, vocab: int, seeds=(0, 1, 2), rows: int = 4, T: int = 96) -> float:
+  """rms of a freshly initialised model's attention logits on random tokens, averaged over init
+  seeds (the Shared DIFF initialisation ablation and its test)."""
+  out = []
+  for seed in seeds:
+    tokens = np.random.default_rng(seed).integers(4, vocab, (rows, T)).astype(np.int32)
+    batch = dict(inputs=tokens, segment_ids=np.ones_like(tokens),
+                 positions=np.tile(np.arange(T, dtype=np.int32), (rows, 1)))
+    fns = common.Fns(build_model(spec, nnx.Rngs(seed)))
+    out.append(analyse(fns, batch)["overall"]["attention_logits"]["rms"])
+  return float(np.mean(out))

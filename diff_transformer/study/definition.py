@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 from typing import Callable
 
 import ml_collections
@@ -144,7 +145,7 @@ class Study:
     """The overrides as train.py flags (the runs' own command lines carry them)."""
     return tuple(f"--config.{k}={v}" for k, v in self.overrides)
 
-  @property
+  @functools.cached_property
   def is_task(self) -> bool:
     return self.get_config(self.points()[0]).data.name in synthetic.TASKS
 
