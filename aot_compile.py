@@ -20,7 +20,7 @@ from absl import flags  # noqa: E402
 
 from configs import scaling  # noqa: E402
 from diff_transformer import aot  # noqa: E402
-from diff_transformer.model.attention import variant_names  # noqa: E402
+from diff_transformer.model.attention import PAPER_VARIANTS  # noqa: E402
 
 cli.define_config(default="configs/scaling.py:diff-830m")
 flags.DEFINE_string("topology", "v5e:2x2", "TPU topology name, e.g. v5e:2x2, v5p:4x4x4, v6e:16x16.")
@@ -47,7 +47,7 @@ def main(argv):
   rows = []
   if FLAGS.all_presets:
     for size in scaling.NOMINAL:  # the Table 10 rows
-      for variant in variant_names():
+      for variant in PAPER_VARIANTS:
         c = scaling.get_config(f"{variant}-{size}")
         c.mesh.update(config.mesh.to_dict())
         c.model.remat = config.model.remat

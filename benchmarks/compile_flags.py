@@ -30,7 +30,7 @@ from jax import monitoring  # noqa: E402
 from child_env import FAST_COMPILE_FLAGS  # noqa: E402
 from diff_transformer import params  # noqa: E402
 from diff_transformer.config import base_config, validate  # noqa: E402
-from diff_transformer.model.attention import variant_names  # noqa: E402
+from diff_transformer.model.attention import PAPER_VARIANTS  # noqa: E402
 from diff_transformer.training.mesh import make_mesh  # noqa: E402
 from diff_transformer.training.step import Trainer  # noqa: E402
 
@@ -55,7 +55,7 @@ def measure_here() -> dict:
                weights=np.ones((B, T), np.float32))
   run = 0.0
   start = time.perf_counter()
-  for variant in variant_names():
+  for variant in PAPER_VARIANTS:
     heads = params.heads_for(variant, D, HEAD_DIM)
     c = base_config()
     c.model.update(dict(variant=variant, vocab_size=96, d_model=D, num_layers=2, head_dim=HEAD_DIM,

@@ -34,7 +34,7 @@ from typing import Callable
 import ml_collections
 
 from diff_transformer.config import base_config, ffn_width
-from diff_transformer.model.attention import variant_names
+from diff_transformer.model.attention import PAPER_VARIANTS, variant_names
 from diff_transformer.params import heads_for
 
 VOCAB = 100_288  # the papers' tokenizer size: cl100k_base's 100,277 ids rounded up to 64
@@ -80,8 +80,8 @@ NOMINAL = {"830m": 830e6, "1.4b": 1.4e9, "2.8b": 2.8e9, "6.8b": 6.8e9, "13.1b": 
 
 
 def preset_names() -> list[str]:
-  names = [f"{v}-{s}" for s in DIFF_ROWS for v in variant_names()]
-  return names + [f"{v}-3b-64k" for v in variant_names()]
+  names = [f"{v}-{s}" for s in DIFF_ROWS for v in PAPER_VARIANTS]  # any registered one builds
+  return names + [f"{v}-3b-64k" for v in PAPER_VARIANTS]
 
 
 def get_config(preset: str = "diff-830m"):

@@ -19,7 +19,7 @@ parameter count (params.matched_variant). Only the answer positions count in the
 from __future__ import annotations
 
 from diff_transformer.config import base_config, validate
-from diff_transformer.model.attention import variant_names
+from diff_transformer.model.attention import PAPER_VARIANTS, variant_names
 from diff_transformer.params import heads_for, matched_variant
 
 TASKS = {
@@ -34,7 +34,7 @@ SHARED_RANK = 8
 
 
 def preset_names() -> list[str]:
-  return [f"{v}-{t}" for t in TASKS for v in variant_names()]
+  return [f"{v}-{t}" for t in TASKS for v in PAPER_VARIANTS]  # any registered variant builds
 
 
 def get_config(preset: str = "transformer-mqar"):

@@ -16,6 +16,7 @@ import ml_collections
 
 from diff_transformer import kernels
 from diff_transformer.errors import UserError, first_line
+from diff_transformer.model.spec import ModelSpec
 from diff_transformer.training.mesh import (batch_sharding, check_parallelism, data_parallel_size,
                                             make_mesh)
 from diff_transformer.training.step import Trainer
@@ -65,12 +66,13 @@ def compile_train_step(config: ml_collections.ConfigDict, topology: str) -> AotR
   """Lower and compile Trainer's train step for `topology`; report per-chip memory."""
   devices = topology_devices(topology)
   mesh = make_mesh(config.mesh, devices=devices)
-  check_parallelism(config, mesh)
+  spec = ModelSpec.from_config(config.model)
+  check_parallelism(config, mesh, spec)
   hbm = HBM_GIB.get(topology.split(":")[0], 0.0)
   seq, batch = config.data.seq_len, config.train.global_batch_size
   result = AotResult(topology, dict(mesh.shape), batch // data_parallel_size(mesh), seq, compiled=False, fits=False,
                      hbm_gib=hbm)
-  trainer = Trainer(config, mesh)
+  trainer = Trainer(config, mesh, spec)
   sharding = batch_sharding(mesh)
   abstract_batch = {k: jax.ShapeDtypeStruct((batch, seq), dtype, sharding=sharding)
                     for k, dtype in (("inputs", jnp.int32), ("targets", jnp.int32),

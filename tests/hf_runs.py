@@ -12,17 +12,17 @@ import numpy as np
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing may come from a hub
 
 VOCAB = 264  # the byte tokenizer's 257 ids, rounded up
-SHAPES = {  # num_heads, num_kv_heads (GQA) per variant; D = 32, d = 8
-    "transformer": (4, 2), "diff": (2, 1), "shared_diff": (2, 1), "diff_v2": (4, 2)}
 
 
 def run_config(variant: str, *, gqa: bool = True, tie: bool = False, **model):
+  """D = 32, d = 8, heads and rank of the variant's tiny spec (tests/variant_table.py)."""
   from diff_transformer.config import base_config, validate
-  heads, kv = SHAPES[variant]
+  from variant_table import tiny
+  shape = tiny(variant)
   config = base_config()
-  fields = dict(variant=variant, vocab_size=VOCAB, d_model=32, num_layers=3, num_heads=heads,
-                num_kv_heads=kv if gqa else heads, head_dim=8, ffn_dim=64, max_seq_len=64,
-                tie_embeddings=tie, rank=4 if variant == "shared_diff" else 0)
+  fields = dict(variant=variant, vocab_size=VOCAB, d_model=32, num_layers=3,
+                num_heads=shape.num_heads, num_kv_heads=shape.kv_heads if gqa else shape.num_heads,
+                head_dim=8, ffn_dim=64, max_seq_len=64, tie_embeddings=tie, rank=shape.rank)
   config.model.update({**fields, **model})
   config.data.update(dict(name="prepared", tokenizer="byte", seq_len=32))
   config.train.update(dict(steps=10, global_batch_size=2))
@@ -61,15 +61,15 @@ def make_run(workdir: Path, config, seed: int = 0, step: int = 1) -> Path:
 
 
 def restored(workdir: Path):
-  from diff_transformer.training.checkpoint import restore_model
+  from diff_transformer.training import restore_model
   return restore_model(workdir)[0]
 
 
 def flat_params(model) -> dict[str, np.ndarray]:
   """The model's parameters by their dotted names (what export and import map)."""
   from flax import nnx
-  from diff_transformer.interop import weights
-  return weights.flatten(nnx.to_pure_dict(nnx.split(model, nnx.Param, ...)[1]))
+  from diff_transformer.tree import flatten
+  return {k: np.asarray(v) for k, v in flatten(nnx.to_pure_dict(nnx.split(model, nnx.Param, ...)[1])).items()}
 
 
 def random_tokens(batch: int, length: int, seed: int = 0) -> np.ndarray:

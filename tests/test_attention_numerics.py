@@ -11,19 +11,19 @@ from flax import nnx
 import np_reference as ref
 from diff_transformer import kernels
 from diff_transformer.kernels import cudnn, reference
-from diff_transformer.model.attention import VARIANTS
+from diff_transformer.model.attention import variant_class
 from diff_transformer.model.spec import ModelSpec
+from variant_table import VARIANTS, entry
 
 D, T, B, LAYER = 64, 12, 2, 3
 SEG = np.array([[1] * 5 + [2] * 7, [1] * 12])
 
 
 def make(variant, kv, seed, **kw):
-  heads = {"transformer": 8, "diff_v2": 4}.get(variant, 4)
-  d = D // heads if variant == "transformer" else (D // (2 * heads) if variant in ("diff", "shared_diff") else D // heads)
+  heads, d = entry(variant).numerics
   spec = ModelSpec(variant=variant, d_model=D, num_heads=heads, num_kv_heads=kv, head_dim=d,
-                   rank=6 if variant == "shared_diff" else 0, **kw)
-  attn = VARIANTS[variant](spec, LAYER, rngs=nnx.Rngs(seed))
+                   rank=6 if variant_class(variant).low_rank else 0, **kw)
+  attn = variant_class(variant)(spec, LAYER, rngs=nnx.Rngs(seed))
   # Fresh random values for EVERY parameter (gains and low-rank factors included).
   rng = np.random.default_rng(seed)
   for path, p in nnx.iter_graph(attn):
@@ -50,13 +50,7 @@ def weights(attn) -> dict:
 
 
 def expected(variant, spec, attn, x, seg):
-  w, h, K, d = weights(attn), spec.num_heads, spec.kv_heads, spec.head_dim
-  if variant == "transformer":
-    return ref.transformer(x, w, N=h, K=K, d=d, seg=seg)
-  if variant == "diff_v2":
-    return ref.diff_v2(x, w, h=h, K=K, d=d, seg=seg, pairing=spec.v2_pairing, lam_mode=spec.v2_lambda)
-  return ref.diff_v1(x, w, h=h, K=K, d=d, layer=LAYER, seg=seg, subln=spec.subln,
-                     shared=variant == "shared_diff")
+  return entry(variant).oracle(spec, weights(attn), x, seg, LAYER)
 
 
 def rel_err(a, b):
@@ -66,14 +60,6 @@ def rel_err(a, b):
 def seed_of(*case) -> int:
   """A fixed seed per case (str hash() is salted per process, so it would not reproduce)."""
   return zlib.crc32(repr(case).encode())
-
-
-def tolerance(variant: str) -> float:
-  # The sub-layer RMSNorm divides each head by the RMS of A1 V - lambda A2 V, which is small
-  # when the two terms nearly cancel, so float32 rounding is amplified by up to ~35x there
-  # (measured: max 3.2e-5 over 80 random draws per case, median 9e-7). A semantic slip (pairing,
-  # scale, lambda, mask) moves the output by orders of magnitude more.
-  return 1e-4 if variant in ("diff", "shared_diff") else 1e-5
 
 
 CASES = [(v, kv) for v in VARIANTS for kv in (None, 2)] + [("transformer", 1)]
@@ -87,7 +73,7 @@ def test_module_matches_float64(variant, kv, kernel):
   pos = jnp.broadcast_to(jnp.arange(T), (B, T))
   for seg in (None, SEG):
     got = attn(jnp.asarray(x, jnp.float32), pos, None if seg is None else jnp.asarray(seg))
-    assert rel_err(got, expected(variant, spec, attn, x, seg)) < tolerance(variant)
+    assert rel_err(got, expected(variant, spec, attn, x, seg)) < entry(variant).tolerance
 
 
 @pytest.mark.parametrize("variant,overrides", [
@@ -110,7 +96,7 @@ def test_ablations_match_float64(variant, overrides):
       ref.lambda_init = ref_lambda_init
   else:
     want = expected(variant, spec, attn, x, SEG)
-  assert rel_err(got, want) < tolerance(variant)
+  assert rel_err(got, want) < entry(variant).tolerance
 
 
 @pytest.mark.parametrize("variant", ["diff", "shared_diff", "diff_v2"])

@@ -7,18 +7,17 @@ from flax import nnx
 from diff_transformer.evaluation import common, decoding
 from diff_transformer.model import build_model
 from diff_transformer.model import cache as kv_cache
-from diff_transformer.model.attention import VARIANTS
+from diff_transformer.model.attention import variant_class
 from diff_transformer.model.spec import ModelSpec
+from variant_table import VARIANTS, entry
 
 VOCAB = 61
 # Every variant with grouped-query attention (h_kv < heads), plus plain MHA for the baseline.
 CASES = {
-    "transformer_gqa": dict(variant="transformer", num_heads=4, num_kv_heads=2, head_dim=16),
+    **{f"{v}_gqa": dict(variant=v, num_heads=entry(v).tiny.num_heads, head_dim=16,
+                        num_kv_heads=entry(v).tiny.num_kv_heads, rank=entry(v).tiny.rank)
+       for v in VARIANTS},
     "transformer_mha": dict(variant="transformer", num_heads=4, head_dim=16),
-    "diff_gqa": dict(variant="diff", num_heads=2, num_kv_heads=1, head_dim=16),
-    "shared_diff_gqa": dict(variant="shared_diff", num_heads=2, num_kv_heads=1, head_dim=16,
-                            rank=4),
-    "diff_v2_gqa": dict(variant="diff_v2", num_heads=4, num_kv_heads=2, head_dim=16),
     # model.short_conv keeps the last inputs per row in the cache (ragged prefill included).
     "diff_short_conv": dict(variant="diff", num_heads=2, num_kv_heads=1, head_dim=16,
                             short_conv=3),
@@ -71,21 +70,17 @@ def test_reference_kernel_decode_matches_full_forward():
 
 
 def _empty_cache(spec, batch, max_len):
-  return kv_cache.init(spec, VARIANTS[spec.variant].cache_layout(spec), batch, max_len)
+  return kv_cache.init(spec, variant_class(spec.variant).cache_layout(spec), batch, max_len)
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_cache_size_per_token_follows_spec(name):
   spec = tiny(**CASES[name])
-  k, d = spec.kv_heads, spec.head_dim
   cache = _empty_cache(spec, 1, 4)
   key_shape, value_shape = cache.k.shape[3:], cache.v.shape[3:]
-  if spec.variant in ("transformer", "diff_v2"):  # h_kv x d keys and values
-    assert key_shape == (k, d) and value_shape == (k, d)
-    assert cache.values_per_token == spec.num_layers * 2 * k * d
-  else:  # 2 h_kv keys of width d, h_kv values of width 2d
-    assert key_shape == (2 * k, d) and value_shape == (k, 2 * d)
-    assert cache.values_per_token == spec.num_layers * 4 * k * d
+  want_key, want_value = entry(spec.variant).cache(spec)
+  assert key_shape == want_key and value_shape == want_value
+  assert cache.values_per_token == spec.num_layers * (np.prod(want_key) + np.prod(want_value))
 
 
 def test_decode_beyond_max_seq_len_is_one_clear_error(fns):

@@ -16,6 +16,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
+from diff_transformer import tree  # noqa: E402
 from tests import hf_runs  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,7 +27,7 @@ def test_diff_without_sidecar_keeps_logits(tmp_path):
   import jax.numpy as jnp
   from flax import nnx
   from diff_transformer.interop import weights
-  from diff_transformer.interop.export import export_run
+  from diff_transformer.training import export_run
   from diff_transformer.interop.hf_import import import_params
   from diff_transformer.model import build_model
   workdir = hf_runs.make_run(tmp_path / "run", hf_runs.run_config("diff"))
@@ -37,7 +38,7 @@ def test_diff_without_sidecar_keeps_logits(tmp_path):
   assert np.all(imported["blocks.attn.subln_scale"] == 1.0)
   fresh = build_model(model.spec, nnx.Rngs(1))
   _, params, _ = nnx.split(fresh, nnx.Param, ...)
-  nnx.replace_by_pure_dict(params, weights.unflatten(imported))
+  nnx.replace_by_pure_dict(params, tree.unflatten(imported))
   nnx.update(fresh, params)
   tokens = jnp.asarray(hf_runs.random_tokens(2, 40))
   assert float(jnp.abs(fresh(tokens) - model(tokens)).max()) <= 1e-4
@@ -69,7 +70,7 @@ def test_stock_random_model_imports_with_equal_logits(tmp_path, arch, variant, t
   hf.eval().save_pretrained(tmp_path / "hf")
   model = build_model(spec, nnx.Rngs(1))
   _, params, _ = nnx.split(model, nnx.Param, ...)
-  nnx.replace_by_pure_dict(params, weights.unflatten(import_params(spec, tmp_path / "hf")))
+  nnx.replace_by_pure_dict(params, tree.unflatten(import_params(spec, tmp_path / "hf")))
   nnx.update(model, params)
   tokens = hf_runs.random_tokens(2, 40)
   with torch.no_grad():
@@ -82,7 +83,7 @@ def test_stock_random_model_imports_with_equal_logits(tmp_path, arch, variant, t
 
 def test_bad_folders_and_shapes_are_one_line(tmp_path):
   from diff_transformer.interop import InteropError
-  from diff_transformer.interop.export import export_run
+  from diff_transformer.training import export_run
   from diff_transformer.interop.hf_import import import_params
   from diff_transformer.model.spec import ModelSpec
   workdir = hf_runs.make_run(tmp_path / "run", hf_runs.run_config("transformer"))
@@ -116,7 +117,7 @@ def test_train_starts_from_hf_folder(tmp_path):
   """train.py --config.init_from_hf=DIR --config.train.steps=0 writes the imported weights as
   checkpoint step 0 (what eval.py then reads); a wrong folder is one line."""
   from tests.test_training_runs import tiny_flags, write_corpus
-  from diff_transformer.interop.export import export_run
+  from diff_transformer.training import export_run
   write_corpus(tmp_path / "corpus", docs=6)
   env = dict(os.environ, JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
   subprocess.run([sys.executable, str(ROOT / "prepare_data.py"), f"--input={tmp_path / 'corpus'}",

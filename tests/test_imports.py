@@ -1,6 +1,7 @@
 """The import graph tells the truth: no cycles among the library's modules, no arrow from the
-library up into configs/, function-level imports only with a comment saying what they avoid, no
-reach into another module's private names, and no reference to files outside the repository."""
+library up into configs/ or from interop, model and kernels up into training, function-level
+imports only with a comment saying what they avoid, no reach into another module's private names,
+no reference to files outside the repository, and library rooms of a readable size."""
 from __future__ import annotations
 
 import ast
@@ -74,6 +75,32 @@ def test_library_never_imports_configs():
   for m, p in MODULES.items():
     for target, line, _ in imports(p):
       assert not target.startswith("configs"), f"{p}:{line}: the library imports {target}"
+
+
+# Layers that only look down: interop (HF maps and export) and the model never reach into
+# training, whose programs restore runs and hand the model over.
+NEVER_IMPORTS = {"diff_transformer.interop": "diff_transformer.training",
+                 "diff_transformer.model": "diff_transformer.training",
+                 "diff_transformer.kernels": "diff_transformer.training"}
+
+
+def test_lower_layers_never_import_training():
+  for m, p in MODULES.items():
+    for lower, upper in NEVER_IMPORTS.items():
+      if m.startswith(lower):
+        for target, line, _ in imports(p):
+          assert not target.startswith(upper), f"{p}:{line}: {m} imports {target}"
+
+
+def test_rooms_stay_small():
+  """Library files of at most 300 lines and functions of at most 80: each reads in one sitting."""
+  for p in PACKAGE.rglob("*.py"):
+    lines = p.read_text().splitlines()
+    assert len(lines) <= 300, f"{p.relative_to(ROOT)}: {len(lines)} lines (split it by job)"
+    for node in ast.walk(ast.parse("\n".join(lines))):
+      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        length = node.end_lineno - node.lineno + 1
+        assert length <= 80, f"{p.relative_to(ROOT)}:{node.lineno}: {node.name} has {length} lines"
 
 
 def test_function_level_imports_say_why():

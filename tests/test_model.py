@@ -9,14 +9,14 @@ from flax import nnx
 
 from diff_transformer.model import build_model
 from diff_transformer.model.attention import LayerConstant
-from tiny import TINY
+from variant_table import VARIANTS, tiny
 
 T = 16
 
 
-@pytest.fixture(scope="module", params=list(TINY))
+@pytest.fixture(scope="module", params=VARIANTS)
 def model(request):
-  return build_model(TINY[request.param], nnx.Rngs(0))
+  return build_model(tiny(request.param), nnx.Rngs(0))
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +49,7 @@ def test_packed_segments_do_not_attend_across(model, forward):
 
 def test_lambda_init_by_layer_and_lambda_vectors_std_point_one():
   # head_dim 128 over 8 layers: 4096 lambda-vector entries pin the std; d_model is not the point.
-  spec = dataclasses.replace(TINY["diff"], num_layers=8, head_dim=128, num_heads=2)
+  spec = dataclasses.replace(tiny("diff"), num_layers=8, head_dim=128, num_heads=2)
   m = build_model(spec, nnx.Rngs(0))
   got = np.asarray(m.blocks.attn.lambda_init[...])
   np.testing.assert_allclose(got[[0, 1, 2, 5]], [0.2, 0.3555, 0.4707, 0.6661], atol=5e-5)
@@ -62,7 +62,7 @@ def test_lambda_init_by_layer_and_lambda_vectors_std_point_one():
 
 
 def test_diff_v2_lambda_varies_per_token_and_head():
-  m = build_model(TINY["diff_v2"], nnx.Rngs(0))
+  m = build_model(tiny("diff_v2"), nnx.Rngs(0))
   tok = jax.random.randint(jax.random.key(3), (1, T), 0, 97)
   _, aux = m(tok, capture=True)
   lam = np.asarray(aux["lambda"])  # [L, B, T, h]
@@ -72,9 +72,9 @@ def test_diff_v2_lambda_varies_per_token_and_head():
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("variant", list(TINY))
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_forward_and_grad_finite(variant, dtype):
-  m = build_model(dataclasses.replace(TINY[variant], dtype=dtype, remat="full"), nnx.Rngs(0))
+  m = build_model(dataclasses.replace(tiny(variant), dtype=dtype, remat="full"), nnx.Rngs(0))
   tok = jax.random.randint(jax.random.key(4), (2, T), 0, 97)
 
   @nnx.jit

@@ -14,6 +14,7 @@ from child_env import fake_devices_env
 from diff_transformer.config import validate
 from diff_transformer.training.mesh import make_mesh
 from diff_transformer.training.step import Trainer
+from variant_table import VARIANTS, tiny
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = dict(d_model=32, num_layers=2, head_dim=8, ffn_dim=64, vocab_size=96, max_seq_len=40)
@@ -23,9 +24,8 @@ def tiny_config(variant: str, kernel: str, **model):
   c = default.get_config()
   c.model.update(TINY)
   c.model.variant, c.model.kernel = variant, kernel
-  wide = variant in ("diff_v2", "transformer")
-  c.model.num_heads, c.model.num_kv_heads = (4, 2) if wide else (2, 1)  # GQA
-  c.model.rank = 4 if variant == "shared_diff" else 0
+  spec = tiny(variant)  # GQA
+  c.model.num_heads, c.model.num_kv_heads, c.model.rank = spec.num_heads, spec.num_kv_heads, spec.rank
   c.model.update(model)
   c.data.seq_len = 40
   c.train.global_batch_size = 4
@@ -49,7 +49,7 @@ def loss_and_grads(variant, kernel, mesh=None, **model):
   return float(loss), jax.tree.map(np.asarray, grads)
 
 
-@pytest.mark.parametrize("variant", ["diff", "shared_diff", "diff_v2", "transformer"])
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_pallas_train_step_equals_xla(variant):
   loss_p, grads_p = loss_and_grads(variant, "pallas")
   loss_x, grads_x = loss_and_grads(variant, "xla")

@@ -6,21 +6,12 @@ import pytest
 from configs import scaling
 from diff_transformer import params
 from diff_transformer.model.spec import ModelSpec
+from variant_table import entry
 
 
 def closed_form(s: ModelSpec) -> int:
-  D, L, V, h, K, d, F, r = (s.d_model, s.num_layers, s.vocab_size, s.num_heads, s.kv_heads,
-                            s.head_dim, s.ffn_dim, s.rank)
-  if s.variant == "transformer":
-    attn = D * h * d + 2 * D * K * d + h * d * D
-  elif s.variant == "diff":
-    attn = D * 2 * h * d + D * 2 * K * d + D * K * 2 * d + 2 * h * d * D + 4 * d + 2 * d
-  elif s.variant == "shared_diff":
-    attn = (D * h * d + D * K * d + 2 * (D * r + r * h * d) + 2 * (D * r + r * K * d)
-            + D * K * 2 * d + 2 * h * d * D + 4 * d + 2 * d)
-  else:  # diff_v2
-    attn = D * 2 * h * d + 2 * D * K * d + h * d * D + D * h
-  per_layer = attn + 3 * D * F + 2 * D
+  D, L, V, F = s.d_model, s.num_layers, s.vocab_size, s.ffn_dim
+  per_layer = entry(s.variant).attention_params(s) + 3 * D * F + 2 * D
   return L * per_layer + D + V * D * (1 if s.tie_embeddings else 2)
 
 

@@ -9,7 +9,6 @@ exit status 2, no traceback (cli.run). The training library's refusals (workdir,
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -216,9 +215,9 @@ def test_second_interrupt_exits_at_once_in_one_line(reference, tmp_path):
   shutil.copytree(reference, workdir)
   script = ("import signal; from pathlib import Path; "
             "from diff_transformer.training.checkpoint import Checkpointer; "
-            "from diff_transformer.training.loop import StopSignal, _exit_now; "
+            "from diff_transformer.training.stop import StopSignal, exit_now; "
             f"ckpt = Checkpointer(Path({str(workdir)!r})); "
-            "stop = StopSignal(lambda: _exit_now(ckpt, None)); "
+            "stop = StopSignal(lambda: exit_now(ckpt, None)); "
             "signal.raise_signal(signal.SIGINT); assert stop.requested == 'SIGINT'; "
             "signal.raise_signal(signal.SIGINT); print('not reached')")
   proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env(),
@@ -290,10 +289,8 @@ PROGRAM_FAULTS = [  # (program, arguments, what the one line says); {tmp}: the t
     ("eval.py", ["--workdir={tmp}/nothing"], "{tmp}/nothing"),
     ("study.py", ["--quick", "--seeds=0,x", "--root={tmp}/s"], "--seeds: '0,x' is not"),
     ("sweep.py", ["--sweep={tmp}/bad_sweep.py", "--root={tmp}/r"], "--sweep: {tmp}/bad_sweep.py:2:"),
-    # without the hf extra export.py names it first; with it, the workdir
-    ("export.py", ["--workdir={tmp}/nothing", "--out={tmp}/hf"],
-     "install the hf extra" if importlib.util.find_spec("transformers") is None
-     else "{tmp}/nothing"),
+    # the workdir and the variant are checked before the hf extra is asked for
+    ("export.py", ["--workdir={tmp}/nothing", "--out={tmp}/hf"], "{tmp}/nothing"),
     ("aot_compile.py", ["--topology=v5e_2x2"], "--topology: 'v5e_2x2' is not a TPU topology name"),
     ("prepare_data.py", ["--input", "{tmp}/nope.txt", "--output", "{tmp}/out"],
      "nope.txt: no such file or directory"),

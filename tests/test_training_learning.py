@@ -7,7 +7,8 @@ import json
 import numpy as np
 import pytest
 
-HEADS = {"transformer": (4, 2), "diff": (2, 1), "shared_diff": (2, 1), "diff_v2": (4, 2)}
+from variant_table import VARIANTS, entry
+
 STEPS = 25
 
 
@@ -17,7 +18,7 @@ def short_config(variant: str):
   m = c.model
   m.variant, m.d_model, m.num_layers, m.ffn_dim, m.max_seq_len, m.head_dim = (
       variant, 64, 2, 192, 64, 16)
-  m.num_heads, m.num_kv_heads = HEADS[variant]
+  m.num_heads, m.num_kv_heads = entry(variant).learning_heads
   m.rank = 8
   c.data.seq_len = 64
   c.train.update(dict(steps=STEPS, global_batch_size=8, lr=3e-3, final_lr=1e-3, warmup_steps=5,
@@ -25,7 +26,7 @@ def short_config(variant: str):
   return validate(c)
 
 
-@pytest.mark.parametrize("variant", list(HEADS))
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_loss_falls_on_default_corpus(variant, tmp_path):
   from diff_transformer.training import restore_model, train
   summary = train(short_config(variant), tmp_path)

@@ -288,7 +288,7 @@ def test_two_processes_match_one(corpus, tmp_path):
   """2 CPU processes (gloo) on a (2, 1, 1) mesh vs one process fed the same global batches."""
   import jax
   from diff_transformer import data
-  from diff_transformer.training.checkpoint import read_config
+  from diff_transformer.training.run_record import read_config
   from diff_transformer.training.mesh import global_batch, make_mesh
   from diff_transformer.training.step import Trainer
   steps = 4

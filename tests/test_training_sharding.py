@@ -14,16 +14,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from variant_table import VARIANTS, entry
+
 ROOT = Path(__file__).resolve().parents[1]
-VARIANTS = ("transformer", "diff", "shared_diff", "diff_v2")
 MESHES = ((8, 1, 1), (2, 2, 2), (1, 4, 2))
 # Micro-batches per mesh: (2, 2, 2) also checks that accumulation equals the whole batch.
 MICRO = {(8, 1, 1): 1, (2, 2, 2): 2, (1, 4, 2): 1}
 # Each sharded gradient is a compile of seconds: every variant on (2, 2, 2) (every axis split at
 # once), and each other mesh for two variants (fsdp 4 for those with a rank or 4 query heads).
 # Every (variant, mesh) pair still gets its placement checked (no compile).
-EQUALITY_MESHES = {"transformer": ((8, 1, 1), (2, 2, 2)), "diff": ((8, 1, 1), (2, 2, 2)),
-                   "shared_diff": ((2, 2, 2), (1, 4, 2)), "diff_v2": ((2, 2, 2), (1, 4, 2))}
 TOL = 1e-5
 
 
@@ -33,10 +32,9 @@ def tiny_config(variant: str, mesh=(1, 1, 1), micro: int = 1):
   m = c.model
   m.variant, m.vocab_size, m.d_model, m.num_layers, m.ffn_dim, m.max_seq_len = (
       variant, 96, 32, 2, 64, 16)
-  heads = {"transformer": (4, 2), "diff": (2, 2), "shared_diff": (2, 2), "diff_v2": (4, 2)}
-  m.num_heads, m.num_kv_heads = heads[variant]
-  m.head_dim = 8
-  m.rank = 4
+  spec = entry(variant).tiny
+  m.num_heads, m.num_kv_heads = spec.num_heads, max(2, spec.kv_heads)  # kv heads split by tensor=2
+  m.head_dim, m.rank = 8, spec.rank
   c.data.seq_len = 16
   c.train.global_batch_size = 16
   c.train.micro_batches = micro
@@ -80,10 +78,8 @@ def _expected_specs(trainer):
                                       is_leaf=lambda x: isinstance(x, nnx.Variable)))
 
 
-# One real sharded init per variant (each compile costs seconds on 2 cores); the other meshes
-# get the single-device state placed onto the trainer's shardings, which the init also uses.
-INIT_MESH = {"transformer": (8, 1, 1), "diff": (2, 2, 2), "shared_diff": (1, 4, 2),
-             "diff_v2": (2, 2, 2)}
+# One real sharded init per variant (its entry's init_mesh; each compile costs seconds on 2
+# cores); the other meshes get the single-device state placed onto the trainer's shardings.
 
 
 def _sharding_report(trainer, state) -> dict:
@@ -127,14 +123,14 @@ def child(out_path: str) -> None:
       config = tiny_config(variant, shape, MICRO[shape])
       trainer = Trainer(config, make_mesh(config.mesh))
       key = f"{variant}/{shape}"
-      if shape == INIT_MESH[variant]:
+      if shape == entry(variant).init_mesh:
         state = trainer.init()  # created sharded in place
         report["init"][key] = dict(
             values=_max_diff(jax.device_get(state["params"]), host_state["params"]),
             **_sharding_report(trainer, state))
       state = jax.device_put(host_state, trainer.state_shardings)
       report["shardings"][key] = _sharding_report(trainer, state)
-      if shape not in EQUALITY_MESHES[variant]:
+      if shape not in entry(variant).equality_meshes:
         continue
       grads, loss = trainer.grads(state, global_batch(trainer.mesh, batch_np))
       report["equality"][key] = dict(grads=_max_diff(jax.device_get(grads), ref_grads),
@@ -186,7 +182,7 @@ UP = [None, "fsdp", "tensor"]  # (layers, embed, mlp) by the rules
 EMB = ["tensor", "fsdp"]  # (vocab, embed)
 
 
-@pytest.mark.parametrize("variant, shape", [(v, m) for v in VARIANTS for m in EQUALITY_MESHES[v]],
+@pytest.mark.parametrize("variant, shape", [(v, m) for v in VARIANTS for m in entry(v).equality_meshes],
                          ids=lambda x: "x".join(map(str, x)) if isinstance(x, tuple) else x)
 def test_sharded_step_equals_single_device(report, variant, shape):
   r = report["equality"][f"{variant}/{tuple(shape)}"]
@@ -210,7 +206,7 @@ def test_params_and_moments_follow_rules(report, variant, shape):
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_init_is_sharded_in_place_and_equals_single_device(report, variant):
-  shape = INIT_MESH[variant]
+  shape = entry(variant).init_mesh
   r = report["init"][f"{variant}/{shape}"]
   assert r["values"] <= TOL, r["values"]
   _check_shardings(r, shape)

@@ -1,67 +1,43 @@
-"""A fifth variant defined only here: registering it is all it takes to build its presets, check
-its config, train, checkpoint and resume, evaluate, and count its parameters and FLOPs."""
+"""A fifth variant defined outside the package (tests/toy_variant.py): registering it is all it
+takes to build its presets, check its config, train, checkpoint and resume, evaluate, and count
+its parameters and FLOPs. The run records it as module:Class, so a fresh process restores it;
+what it cannot do (export) is refused in one line; the test table, the sweeps and the studies
+do not take it silently."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
-import jax.numpy as jnp
 import pytest
 
-from configs import synthetic
+import variant_table
+from configs import scaling, synthetic
 from diff_transformer import params
 from diff_transformer.config import ConfigError, validate
 from diff_transformer.evaluation import Settings, evaluate
-from diff_transformer.model.attention import (Attention, Projected, register_variant,
-                                              unregister_variant)
+from diff_transformer.interop import InteropError
+from diff_transformer.model.attention import (PAPER_VARIANTS, VARIANTS, Attention,
+                                              register_variant, unregister_variant, variant_class)
 from diff_transformer.model.spec import ModelSpec
-from diff_transformer.training import train
+from diff_transformer.study import Study
+from diff_transformer.sweeps.definition import Sweep
+from diff_transformer.training import export_run, train
 from diff_transformer.training.metrics import attention_flops_per_token
+from toy_variant import FIXED_LAMBDA, FixedLambdaAttention
 
-FIXED_LAMBDA = 0.25
-
-
-class FixedLambdaAttention(Attention):
-  """(softmax(Q1 K1^T) - 0.25 softmax(Q2 K2^T)) V: two maps of N heads over 2 x K key groups,
-  one d-wide value per kv head, no learned lambda and no sub-layer norm."""
-  map_name = "A1 - 0.25 A2"
-
-  def __init__(self, spec, layer_idx, *, rngs):
-    super().__init__(spec, layer_idx, rngs=rngs)
-    D, N, K, H = spec.d_model, spec.num_heads, spec.kv_heads, spec.head_dim
-    self.wq = self._dense(D, 2 * N * H, ("embed", "heads"), rngs)
-    self.wk = self._dense(D, 2 * K * H, ("embed", "kv_heads"), rngs)
-    self.wv = self._dense(D, K * H, ("embed", "kv_heads"), rngs)
-    self.wo = self._dense(N * H, D, ("heads", "embed"), rngs)
-
-  @classmethod
-  def cache_layout(cls, spec):
-    return (2 * spec.kv_heads, spec.head_dim), (spec.kv_heads, spec.head_dim)
-
-  @classmethod
-  def attention_flops(cls, spec, seq_len):
-    return 2 * super().attention_flops(spec, seq_len)  # two maps, each QK^T and AV
-
-  def project(self, x_BTD, positions_BT):
-    s = self.spec
-    q_BTNH = self._rope(self._heads(self.wq(x_BTD), 2 * s.num_heads), positions_BT)
-    k_BTKH = self._rope(self._heads(self.wk(x_BTD), 2 * s.kv_heads), positions_BT)
-    n, k = s.num_heads, s.kv_heads
-    return Projected(q1=q_BTNH[:, :, :n], k1=k_BTKH[:, :, :k], v=self._heads(self.wv(x_BTD), k),
-                     q2=q_BTNH[:, :, n:], k2=k_BTKH[:, :, k:],
-                     lam=jnp.asarray(FIXED_LAMBDA, jnp.float32))
-
-  def output(self, o_BTNH, p):
-    return self.wo(self._merge(o_BTNH))
-
-  def metrics(self, p, weights_BT):
-    return {"lambda": p.lam}
-
+ROOT = Path(__file__).resolve().parents[1]
+TOY_PATH = "toy_variant:FixedLambdaAttention"
 
 @pytest.fixture
 def toy_variant():
   register_variant("fixed_lambda", FixedLambdaAttention)
   yield "fixed_lambda"
   unregister_variant("fixed_lambda")
+  unregister_variant(TOY_PATH)
 
 
 def test_a_registered_variant_runs_everywhere(toy_variant, tmp_path):
@@ -90,9 +66,25 @@ def test_a_registered_variant_runs_everywhere(toy_variant, tmp_path):
   lambdas = [r["lambda/l0"] for r in rows if r["kind"] == "train"]
   assert lambdas == [FIXED_LAMBDA] * 6  # the variant's metrics hook, logged per layer
 
+  # The run is recorded as module:Class, so it restores where nothing was registered.
+  recorded = json.loads((workdir / "config.json").read_text())["model"]["variant"]
+  assert recorded == TOY_PATH
+  unregister_variant(toy_variant)
+  unregister_variant(TOY_PATH)
   results = evaluate(workdir, ["task", "attention"], settings=Settings.for_mode(quick=True))
   assert results["attention"]["map"] == "A1 - 0.25 A2"
   assert results["task"]["step"] == 6 and 0.0 <= results["task"]["accuracy"] <= 1.0
+  shutil.rmtree(workdir / "eval")
+  proc = subprocess.run([sys.executable, "eval.py", f"--workdir={workdir}", "--suites=task",
+                         "--quick"], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                        env=dict(os.environ, PYTHONPATH=f"{ROOT / 'tests'}:{ROOT}"))
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert json.loads((workdir / "eval" / "task.json").read_text())["step"] == 6
+
+  # What has no Hugging Face class is refused in one line before any checkpoint is read.
+  with pytest.raises(InteropError, match=rf"^model.variant: '{TOY_PATH}' has no Hugging Face"):
+    export_run(workdir, tmp_path / "hf")
+  assert not (tmp_path / "hf").exists()
 
 
 def test_an_unregistered_variant_is_one_config_error(toy_variant):
@@ -105,3 +97,44 @@ def test_an_unregistered_variant_is_one_config_error(toy_variant):
 def test_a_variant_name_is_registered_once(toy_variant):
   with pytest.raises(ValueError, match="already registered"):
     register_variant(toy_variant, Attention)
+
+
+def test_a_variant_named_as_module_class_needs_no_registering():
+  assert TOY_PATH not in VARIANTS
+  try:
+    assert variant_class(TOY_PATH) is FixedLambdaAttention
+  finally:
+    unregister_variant(TOY_PATH)
+  for name, needle in (("toy_variant:Nope", "cannot import 'toy_variant:Nope'"),
+                       ("no_such_module:X", "cannot import 'no_such_module:X'"),
+                       ("os.path:join", "'os.path:join' is not an Attention subclass")):
+    with pytest.raises(ConfigError, match=f"^model.variant: {needle}"):
+      variant_class(name)
+
+
+def test_the_test_table_asks_for_the_new_variant(toy_variant):
+  with pytest.raises(pytest.fail.Exception,
+                     match="add variant fixed_lambda to tests/variant_table.py TABLE"):
+    variant_table.entry(toy_variant)
+
+
+def test_presets_sweeps_and_studies_list_the_papers_variants_only(toy_variant):
+  assert not any(n.startswith(toy_variant) for n in scaling.preset_names() + synthetic.preset_names())
+  sweep = Sweep("s", sizes={"x": lambda v: synthetic.get_config(f"{v}-mqar_plain")}, budgets={"1": 1})
+  study = Study(name="s", make=lambda v: synthetic.get_config(f"{v}-mqar_plain"))
+  assert sweep.variants == study.variants == PAPER_VARIANTS
+  # Listed by name, it is taken; an unknown name is refused before anything runs.
+  assert Sweep("s", sizes=sweep.sizes, budgets={"1": 1}, variants=(toy_variant,)).validate()
+  with pytest.raises(ConfigError, match="unknown variant"):
+    Sweep("s", sizes=sweep.sizes, budgets={"1": 1}, variants=("fixed_lambdaa",)).validate()
+
+
+def test_the_lm_eval_adapter_restores_a_module_class_run(tmp_path):
+  pytest.importorskip("lm_eval")
+  from diff_transformer.lm_eval.model import DiffTransformerLM
+  from tests import hf_runs
+  config = hf_runs.run_config("diff", variant=TOY_PATH, num_heads=4, num_kv_heads=2, rank=0)
+  workdir = hf_runs.make_run(tmp_path / "run", config)
+  unregister_variant(TOY_PATH)
+  lm = DiffTransformerLM(str(workdir), batch_size=2)
+  assert type(lm.fns.model.blocks.attn).__name__ == "FixedLambdaAttention"

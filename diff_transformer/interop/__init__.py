@@ -3,8 +3,9 @@ start a run from one.
 
 - `weights`: the exact parameter maps (numpy only) between this codebase and HF Llama/DiffLlama
   (plus the bundled DIFF V2 modelling file), in both directions.
-- `export`: `export_run(workdir, out, step)` writes config.json, model.safetensors, the
-  generation config and tokenizer files (what `python export.py` runs).
+- `export`: `check_export` refuses what cannot be exported exactly; `write_folder` writes a
+  restored model's config.json, model.safetensors, generation config and tokenizer files
+  (`python export.py` runs training/restore.py `export_run`, which restores and hands over).
 - `hf_import`: reads an HF folder into this codebase's parameters (`--config.init_from_hf=DIR`).
 """
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Export a training run as a Hugging Face model folder (`python export.py --workdir RUN --out DIR`).
+"""A restored model as a Hugging Face model folder (`python export.py --workdir RUN --out DIR`;
+training/restore.py `export_run` reads the run and hands its model here).
 
 The folder holds config.json, model.safetensors (float32), generation_config.json, tokenizer files
 and a sidecar of the tensors the HF layout folds (see weights.py); `diff_v2` exports also carry
@@ -18,26 +19,25 @@ import numpy as np
 from diff_transformer.interop import InteropError, require, weights
 from diff_transformer.interop.hf_tokenizer import hf_tokenizer
 from diff_transformer.model.spec import ModelSpec
-from diff_transformer.training.checkpoint import read_config, restore_model
+from diff_transformer.tree import flatten
 
 REMOTE_DIR = Path(__file__).parent / "remote"
 REMOTE_FILES = ("configuration_diff_v2.py", "modeling_diff_v2.py")
 EXPORT_RECORD = "diff_transformer_export.json"
 
 
-def _check_out(out: Path) -> None:
+def check_export(spec: ModelSpec, record: dict, out: Path, workdir: Path) -> None:
+  """Everything that can refuse an export, in one line, before any checkpoint is read."""
+  weights.check_exportable(spec)
+  require("transformers", "safetensors", "torch")
   if out.exists() and (not out.is_dir() or any(out.iterdir())):
     raise InteropError(f"--out: {out} exists and is not an empty folder")
-
-
-def _read_spec(workdir: Path) -> tuple[ModelSpec, dict]:
-  config = read_config(workdir)
-  if config is None:
-    raise InteropError(f"--workdir: {workdir} has no config.json; not a training workdir")
-  record_path = workdir / "tokenizer_record.json"
-  if not record_path.is_file():
-    raise InteropError(f"--workdir: {workdir} has no tokenizer_record.json; not a training workdir")
-  return ModelSpec.from_config(config.model), json.loads(record_path.read_text())
+  if record.get("name") not in ("byte", "bpe", "file", "tiktoken"):
+    raise InteropError(f"{workdir}/tokenizer_record.json: unknown tokenizer {record.get('name')!r}")
+  if int(record.get("vocab_size", 0)) > spec.vocab_size:
+    raise InteropError(f"{workdir}/tokenizer_record.json: the tokenizer's {record['vocab_size']} "
+                       f"ids exceed model.vocab_size {spec.vocab_size}")
+  hf_tokenizer(record, workdir)  # a tokenizer it cannot convert exactly: refused now
 
 
 def hf_config_object(spec: ModelSpec, eot_id: int):
@@ -57,28 +57,16 @@ def hf_config_object(spec: ModelSpec, eot_id: int):
   return config
 
 
-def export_run(workdir: str | Path, out: str | Path, step: int | None = None) -> dict:
-  """Writes the HF folder for the run's checkpoint (newest, or `step`); returns a summary."""
-  require("transformers", "safetensors", "torch")
-  workdir, out = Path(workdir), Path(out)
-  _check_out(out)
-  spec, record = _read_spec(workdir)
-  weights.check_exportable(spec)
-  if record.get("name") not in ("byte", "bpe", "file", "tiktoken"):
-    raise InteropError(f"{workdir}/tokenizer_record.json: unknown tokenizer {record.get('name')!r}")
-  if int(record.get("vocab_size", 0)) > spec.vocab_size:
-    raise InteropError(f"{workdir}/tokenizer_record.json: the tokenizer's {record['vocab_size']} "
-                       f"ids exceed model.vocab_size {spec.vocab_size}")
-
+def write_folder(model, spec: ModelSpec, record: dict, workdir: Path, out: Path, step: int
+                 ) -> dict:
+  """Writes the HF folder of `model` (checked by check_export); returns the export record."""
   from flax import nnx
   from safetensors.numpy import save_file
   from transformers import GenerationConfig
-  tokenizer = hf_tokenizer(record, workdir)  # a tokenizer it cannot convert exactly: refused now
-  model, _, step = restore_model(workdir, step=step)
   _, params, constants = nnx.split(model, nnx.Param, ...)
-  flat = {k: np.asarray(v, np.float32)
-          for k, v in weights.flatten(nnx.to_pure_dict(params)).items()}
-  hf, sidecar = weights.to_hf(spec, flat, weights.flatten(nnx.to_pure_dict(constants)))
+  as_numpy = lambda tree, dtype=None: {k: np.asarray(v, dtype) for k, v in flatten(tree).items()}
+  hf, sidecar = weights.to_hf(spec, as_numpy(nnx.to_pure_dict(params), np.float32),
+                              as_numpy(nnx.to_pure_dict(constants)))
 
   out.mkdir(parents=True, exist_ok=True)
   eot = int(record["eot_id"])
@@ -90,6 +78,7 @@ def export_run(workdir: str | Path, out: str | Path, step: int | None = None) ->
               str(out / weights.SIDECAR), metadata={"format": "np"})
   # Padded vocabulary rows (and any id the tokenizer has no token for) never come from the data;
   # transformers' generate must not pick them either.
+  tokenizer = hf_tokenizer(record, workdir)
   unused = sorted(set(range(spec.vocab_size)) - set(tokenizer.get_vocab().values()))
   GenerationConfig(bos_token_id=eot, eos_token_id=eot, pad_token_id=eot,
                    suppress_tokens=unused or None).save_pretrained(str(out))

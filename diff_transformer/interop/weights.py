@@ -36,31 +36,12 @@ RMS_EPS = 1e-5  # model/layers.py NORM_EPS
 Params = dict[str, np.ndarray]
 
 
-# ---- pure-dict <-> flat dict ------------------------------------------------------------------
-def flatten(tree: dict, prefix: str = "") -> Params:
-  out: Params = {}
-  for key, value in tree.items():
-    if isinstance(value, dict):
-      out.update(flatten(value, f"{prefix}{key}."))
-    else:
-      out[f"{prefix}{key}"] = np.asarray(value)
-  return out
-
-
-def unflatten(flat: Params) -> dict:
-  tree: dict = {}
-  for path, value in flat.items():
-    node = tree
-    *parents, leaf = path.split(".")
-    for p in parents:
-      node = node.setdefault(p, {})
-    node[leaf] = value
-  return tree
-
-
 # ---- what a target class can hold exactly -----------------------------------------------------
 def check_exportable(spec: ModelSpec) -> None:
   """Refuses, in one line naming the field, what the target class cannot represent exactly."""
+  if spec.variant not in ARCHITECTURES:
+    raise InteropError(f"model.variant: '{spec.variant}' has no Hugging Face class to export to "
+                       f"or import from (these have: {', '.join(ARCHITECTURES)})")
   if spec.short_conv:
     raise InteropError(f"model.short_conv: {spec.short_conv} (a short convolution before "
                        "attention) has no equivalent in the Hugging Face classes")
@@ -131,11 +112,11 @@ def hf_config(spec: ModelSpec, eot_id: int) -> dict:
 
 def check_hf_config(spec: ModelSpec, cfg: dict, folder) -> None:
   """The HF folder's config must describe exactly the model `spec` builds (one line if not)."""
+  want = hf_config(spec, 0)  # refuses what the target class cannot hold
   arch = (cfg.get("architectures") or ["?"])[0]
   if arch != ARCHITECTURES[spec.variant]:
     raise InteropError(f"model.variant: {folder} holds a {arch}; variant '{spec.variant}' "
                        f"imports a {ARCHITECTURES[spec.variant]}")
-  want = hf_config(spec, 0)
   rope = cfg.get("rope_parameters") or dict(rope_type="default", rope_theta=cfg.get("rope_theta"))
   for key in ("rope_type", "rope_theta"):
     if rope.get(key) != want["rope_parameters"][key]:

@@ -24,10 +24,9 @@ import ml_collections
 from diff_transformer.config import validate
 from diff_transformer.data import synthetic
 from diff_transformer.errors import ConfigError
-from diff_transformer.model.attention import variant_names
+from diff_transformer.model.attention import PAPER_VARIANTS, known_variant, variant_names
 
 BASELINE = "transformer"
-PAPER_VARIANTS = ("transformer", "diff", "shared_diff", "diff_v2")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,10 +153,11 @@ class Study:
     if not self.seeds or len(set(self.seeds)) != len(self.seeds):
       raise ConfigError(f"study {self.name}: seeds must be distinct and non-empty, got "
                         f"{self.seeds}")
-    unknown = [v for v in self.variants if v not in variant_names()]
+    unknown = [v for v in self.variants if not known_variant(v)]
     if unknown or not self.variants or len(set(self.variants)) != len(self.variants):
       raise ConfigError(f"study {self.name}: variants must be distinct, non-empty and "
-                        f"registered ({', '.join(variant_names())}), got {self.variants}")
+                        f"registered ({', '.join(variant_names())}) or module:Class, got "
+                        f"{self.variants}")
     if self.eval_rows <= 0 or self.attention_rows <= 0:
       raise ConfigError(f"study {self.name}: eval_rows and attention_rows must be positive")
     if self.lr_grid_size and self.lr_grid_size not in self.sizes:

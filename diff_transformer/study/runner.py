@@ -15,7 +15,7 @@ from diff_transformer.model.spec import ModelSpec
 from diff_transformer.study.definition import Study
 from diff_transformer.sweeps import runner as sweep_runner
 from diff_transformer.sweeps.definition import SweepError
-from diff_transformer.training.checkpoint import read_config
+from diff_transformer.training.run_record import read_config
 
 TASK_SUITES = ("task", "attention", "outliers")
 TEXT_SUITES = ("loss",)

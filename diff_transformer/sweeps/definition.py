@@ -14,7 +14,7 @@ import ml_collections
 
 from diff_transformer.config import validate
 from diff_transformer.errors import ConfigError, UserError
-from diff_transformer.model.attention import variant_names
+from diff_transformer.model.attention import PAPER_VARIANTS, known_variant, variant_names
 
 
 class SweepError(UserError, RuntimeError):
@@ -28,7 +28,7 @@ class Sweep:
   sizes: dict[str, Callable[[str], ml_collections.ConfigDict]]
   # budget name -> training steps (tokens = steps * global_batch_size * seq_len)
   budgets: dict[str, int]
-  variants: tuple[str, ...] = variant_names()  # the built-in variants
+  variants: tuple[str, ...] = PAPER_VARIANTS  # others only when listed
   # Explicit (size, budget) pairs to run; default: every size at every budget.
   grid: tuple[tuple[str, str], ...] = ()
 
@@ -63,10 +63,10 @@ class Sweep:
       if size not in self.sizes or budget not in self.budgets:
         raise ConfigError(f"sweep {self.name}: grid entry ({size}, {budget}) names an unknown "
                           "size or budget")
-    unknown = [v for v in self.variants if v not in variant_names()]
+    unknown = [v for v in self.variants if not known_variant(v)]
     if unknown:
       raise ConfigError(f"sweep {self.name}: unknown variant(s) {unknown}; choose from "
-                        f"{variant_names()}")
+                        f"{variant_names()} or module:Class")
     for point in self.points():
       try:
         validate(self.get_config(point))

@@ -1,13 +1,7 @@
-"""Orbax checkpoints of model + optimizer + grain iterator, the run record, and restore helpers.
+"""Orbax checkpoints of model + optimizer + grain iterator, with fallback on damaged steps.
 
-Layout of a workdir:
-  config.json               the run's full config (written at start; resumes must keep its model)
-  tokenizer_record.json     name, vocab size, eot id and sha256 of the tokenizer the run uses,
-                            and vocab_padding (model rows beyond its ids)
-  tokenizer.json            a copy of the tokenizer file (bpe and file runs; tiktoken runs keep
-                            tokenizer.tiktoken + tiktoken.json)
-  checkpoints/<step>/       orbax items: model, optimizer, data (grain state), meta (json)
-  corrupt_checkpoints/      unreadable checkpoints moved aside when an older one was usable
+  <workdir>/checkpoints/<step>/   orbax items: model, optimizer, data (grain state), meta (json)
+  <workdir>/corrupt_checkpoints/  unreadable checkpoints moved aside when an older one was usable
 
 Each checkpoint's meta records an exact, sharding-independent digest of its model and optimizer
 arrays; a restore whose arrays do not reproduce it is treated as corrupted, so a damaged file
@@ -16,156 +10,20 @@ can never be trained from silently.
 from __future__ import annotations
 
 import contextlib
-import gc
-import io
-import json
 import logging
 import shutil
-import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import grain
 import jax
 import ml_collections
 import orbax.checkpoint as ocp
 
-from diff_transformer.config import base_config, validate
-from diff_transformer.data import assert_compatible, describe
-from diff_transformer.data.tokenizer import load_tokenizer
-from diff_transformer.errors import DataError, TrainError, last_line, message_lines, read_json
-from diff_transformer.training.mesh import make_mesh
-from diff_transformer.training.step import State, Trainer, fingerprint
-
-CONFIG_FILE = "config.json"
-TOKENIZER_RECORD = "tokenizer_record.json"
-TOKENIZER_COPY = "tokenizer.json"
-TOKENIZER_FILES = (TOKENIZER_COPY, "tokenizer.tiktoken", "tiktoken.json")  # copied into the run
-
-
-def _one_line(e: BaseException) -> str:
-  lines = message_lines(e)
-  first = lines[0].split(" See full TensorStore details")[0][:200] if lines else ""
-  return f"{type(e).__name__}: {first}" if first else type(e).__name__
-
-
-@contextlib.contextmanager
-def _quiet_failed_reads():
-  """A failed orbax read leaves tensorstore reads in flight whose callbacks hit a closed event
-  loop and print tracebacks from background threads (and coroutines Python would report as
-  'Exception ignored'). The failure is already reported in one line, so while restoring (and
-  briefly after a failure, for stragglers) that stderr noise is captured and dropped."""
-  old_hook = sys.unraisablehook
-  sys.unraisablehook = lambda unraisable: None
-  try:
-    with contextlib.redirect_stderr(io.StringIO()):
-      yield
-  finally:
-    sys.unraisablehook = old_hook
-
-
-def _settle_failed_reads() -> None:
-  time.sleep(1.0)  # the sibling reads of a failed restore finish within milliseconds locally
-  gc.collect()
-  # Their orphaned asyncio tasks are otherwise logged as 'Task exception was never retrieved'
-  # with a traceback whenever they are collected, possibly at exit.
-  logging.getLogger("asyncio").setLevel(logging.CRITICAL)
-
-
-# ---- the run record ------------------------------------------------------------------------
-def write_run_record(workdir: Path, config: ml_collections.ConfigDict, dataset) -> None:
-  """Writes config.json and the tokenizer record (process 0 only)."""
-  if jax.process_index() != 0:
-    return
-  workdir.mkdir(parents=True, exist_ok=True)
-  (workdir / CONFIG_FILE).write_text(config.to_json_best_effort(indent=2) + "\n")
-  record = describe(dataset.tokenizer)
-  # Embedding rows beyond the tokenizer's ids (a preset's vocab rounded up, e.g. to 128): never
-  # produced by the data, recorded so an export or a reader knows which ids are real.
-  record["vocab_padding"] = int(config.model.vocab_size) - record["vocab_size"]
-  (workdir / TOKENIZER_RECORD).write_text(json.dumps(record, indent=2) + "\n")
-  for name in TOKENIZER_FILES:  # whichever the data's tokenizer keeps (bpe, file, tiktoken)
-    source = Path(dataset.path) / name
-    if record["name"] != "byte" and source.is_file():
-      shutil.copyfile(source, workdir / name)
-
-
-def read_config(workdir: Path) -> ml_collections.ConfigDict | None:
-  path = Path(workdir) / CONFIG_FILE
-  if not path.is_file():
-    return None
-  config = base_config()
-  values = read_json(path, TrainError)
-  if not isinstance(values, dict):
-    raise TrainError(f"{path}: damaged (not a JSON object of config fields)")
-  try:
-    config.update_from_flattened_dict(_flatten(values))
-  except (KeyError, AttributeError, TypeError, ValueError) as e:
-    raise TrainError(f"{path}: damaged or from another version ({last_line(e)})") from None
-  return config
-
-
-def _flatten(d: dict, prefix: str = "") -> dict:
-  out = {}
-  for k, v in d.items():
-    if isinstance(v, dict):
-      out.update(_flatten(v, f"{prefix}{k}."))
-    else:
-      out[f"{prefix}{k}"] = v
-  return out
-
-
-def check_run_record(workdir: Path, config: ml_collections.ConfigDict, tokenizer
-                     ) -> tuple[int, int] | None:
-  """A resumed run must use the recorded tokenizer and the same model shape. Returns (recorded,
-  new) train.global_batch_size when the resume changes it (allowed, and said), else None."""
-  if (workdir / TOKENIZER_RECORD).is_file():
-    check_tokenizer_record(workdir, tokenizer)
-  recorded = read_config(workdir)
-  if recorded is None:
-    return None
-  old, new = _flatten(recorded.model.to_dict()), _flatten(config.model.to_dict())
-  for key in sorted(new):
-    if old.get(key) != new[key]:
-      raise TrainError(f"model.{key}: {workdir} holds a run with {old.get(key)!r}, this config "
-                       f"has {new[key]!r}; use another --workdir or the recorded config")
-  if recorded.train.global_batch_size == config.train.global_batch_size:
-    return None
-  return int(recorded.train.global_batch_size), int(config.train.global_batch_size)
-
-
-def check_tokenizer_record(workdir: Path, tokenizer=None) -> dict:
-  """The recorded tokenizer, checked against `tokenizer` or against the workdir's own copy."""
-  path = Path(workdir) / TOKENIZER_RECORD
-  if not path.is_file():
-    raise TrainError(f"{path}: missing; {workdir} is not a training workdir")
-  record = read_json(path, TrainError)
-  if tokenizer is not None:
-    assert_compatible(record, tokenizer)
-  elif record.get("name") == "byte" or any((Path(workdir) / n).is_file()
-                                           for n in TOKENIZER_FILES[:2]):
-    load_tokenizer(record, workdir)  # raises DataError if the copy's checksum differs
-  # A task's layout is checked with its data; file tokenizers against the data's own copy.
-  elif record.get("name") not in ("bpe", "file", "tiktoken", "synthetic"):
-    raise DataError(f"{path}: unknown tokenizer {record.get('name')!r}")
-  return record
-
-
-# ---- checkpoints -----------------------------------------------------------------------------
-class _OrbaxErrorCatcher(logging.Filter):
-  """Keeps the exceptions orbax logs (with tracebacks) from its save threads off stderr and
-  remembers the last one, so a failed save is reported once, as one line, by check_saved()."""
-
-  def __init__(self):
-    super().__init__()
-    self.last: BaseException | None = None
-
-  def filter(self, record: logging.LogRecord) -> bool:
-    if record.exc_info and "orbax" in record.pathname:
-      self.last = record.exc_info[1]
-      return False
-    return True
+from diff_transformer.errors import TrainError
+from diff_transformer.training.orbax_errors import (OrbaxErrorCatcher, one_line,
+                                                    quiet_failed_reads, settle_failed_reads)
+from diff_transformer.training.step import State, fingerprint
 
 
 def _split_state(state: State) -> tuple[dict, dict]:
@@ -188,7 +46,7 @@ class Checkpointer:
     self.manager = ocp.CheckpointManager(self.directory, options=self.options)
     self._pending: int | None = None  # the step of an async save not yet known to be committed
     self._failed = False  # orbax re-raises a failed save on every later wait: report it once
-    self._errors = _OrbaxErrorCatcher()
+    self._errors = OrbaxErrorCatcher()
     logging.getLogger("absl").addFilter(self._errors)
 
   def latest_step(self) -> int | None:
@@ -251,7 +109,7 @@ class Checkpointer:
     self._failed = True
     self._remove_partial(step)
     error = error or self._errors.last  # the save thread's exception, logged by orbax
-    cause = _one_line(error) if error is not None else "it was not committed"
+    cause = one_line(error) if error is not None else "it was not committed"
     raise TrainError(f"checkpoint step {step} could not be saved to {self.directory} ({cause}); "
                      f"removed its partial files; {self.newest()}")
 
@@ -309,19 +167,19 @@ class Checkpointer:
     failed: list[tuple[int, str]] = []
     for s in steps:
       try:
-        with _quiet_failed_reads():
+        with quiet_failed_reads():
           try:
             state = self._restore_step(s, abstract, iterator, model_only)
           except Exception:
-            _settle_failed_reads()
+            settle_failed_reads()
             raise
       except Exception as e:  # orbax/tensorstore raise many types for damaged files
         if isinstance(e, ValueError) and "tree structures do not match" in str(e):
           # Not damage: this config builds a state of another layout (e.g. another optimizer).
           raise TrainError(f"checkpoint step {s} in {self.directory} holds a state of another "
-                           f"structure than this config builds ({_one_line(e)}); resume with "
+                           f"structure than this config builds ({one_line(e)}); resume with "
                            "the recorded config.json or use another --workdir") from None
-        failed.append((s, _one_line(e)))
+        failed.append((s, one_line(e)))
         print(f"warning: checkpoint step {s} in {self.directory} is unreadable "
               f"({failed[-1][1]})", flush=True)
         continue
@@ -350,31 +208,3 @@ class Checkpointer:
       multihost_utils.sync_global_devices("set_aside_checkpoints")
     self.manager.reload()
     return target
-
-
-def restore_model(workdir: str | Path, step: int | None = None,
-                  mesh: jax.sharding.Mesh | None = None, tokenizer=None
-                  ) -> tuple[Any, ml_collections.ConfigDict, int]:
-  """(model, config, step): the model of a training workdir, restored onto `mesh`.
-
-  Only the model arrays are read (never the optimizer), straight into the target shardings of
-  `mesh` (default: one device). The tokenizer record is checked against `tokenizer` when given,
-  otherwise against the workdir's own tokenizer copy. Uses the newest readable checkpoint unless
-  `step` is given.
-  """
-  workdir = Path(workdir)
-  config = read_config(workdir)
-  if config is None:
-    raise TrainError(f"{workdir / CONFIG_FILE}: missing; {workdir} is not a training workdir")
-  validate(config)
-  check_tokenizer_record(workdir, tokenizer)
-  if mesh is None:
-    mesh = make_mesh(ml_collections.ConfigDict(dict(data=1, fsdp=1, tensor=1)),
-                     devices=jax.devices()[:1])
-  trainer = Trainer(config, mesh)
-  found = Checkpointer(workdir, read_only=True).restore(trainer.abstract_state, step=step,
-                                                          model_only=True)
-  if found is None:
-    raise TrainError(f"{workdir / 'checkpoints'}: no checkpoint to restore")
-  state, step = found
-  return trainer.model(state), config, step

@@ -89,7 +89,8 @@ def data_parallel_size(mesh: jax.sharding.Mesh) -> int:
   return mesh.shape["data"] * mesh.shape["fsdp"]
 
 
-def check_parallelism(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> None:
+def check_parallelism(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
+                      spec: ModelSpec) -> None:
   """The config/mesh constraints the sharded step relies on, one clear line each."""
   t, m = config.train, config.model
   dp, tp = data_parallel_size(mesh), mesh.shape["tensor"]
@@ -104,7 +105,7 @@ def check_parallelism(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh
   if m.num_heads % tp:
     raise TrainError(f"model.num_heads: {m.num_heads} heads are not divisible by mesh.tensor = "
                      f"{tp}")
-  kv_heads = ModelSpec.from_config(m).kv_heads
+  kv_heads = spec.kv_heads
   if kv_heads % tp:
     raise TrainError(f"model.num_kv_heads: {kv_heads} kv heads are not divisible by "
                      f"mesh.tensor = {tp}")

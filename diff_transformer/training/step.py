@@ -49,9 +49,10 @@ def _dict_tail(path) -> tuple[str, ...]:
 class Trainer:
   """Builds the model's state, its shardings and the jitted steps for one config and mesh."""
 
-  def __init__(self, config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh):
+  def __init__(self, config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
+               spec: ModelSpec | None = None):
     self.config, self.mesh = config, mesh
-    self.spec = ModelSpec.from_config(config.model)
+    self.spec = spec or ModelSpec.from_config(config.model)
     self.tx = make_optimizer(config.train)
     self.schedule = learning_rate_schedule(config.train)
     self.micro_batches = int(config.train.micro_batches)

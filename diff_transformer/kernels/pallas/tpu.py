@@ -87,8 +87,6 @@ def _seg_specs(q_seg, kv_seg, bq: int, bk: int, q_map, k_map):
 
 
 # ----------------------------------------------------------------------------------- forward
-
-
 def _fwd_kernel(r, cfg: Config, length: int, with_res: bool) -> None:
   i, j = pl.program_id(2), pl.program_id(3)
   maps = ("1", "2") if "q2" in r else ("1",)
@@ -164,8 +162,6 @@ def forward(cfg: Config, q1, k1, v, q2, k2, lam, q_seg, kv_seg, with_res: bool):
 
 
 # ---------------------------------------------------------------------------------- backward
-
-
 def _tile_grads(r, cfg: Config, mask):
   """Shared backward tile math: (dS1, dS2 or None, P1 - lam P2) for the current tile."""
   do, v = r["do"][...], r["v"][...]

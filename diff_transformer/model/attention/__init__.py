@@ -1,5 +1,8 @@
 """Attention variants: adding one is a new module plus one entry here (or one call to
-`register_variant` from user code); everything variant-specific lives on the class."""
+`register_variant` from user code, or `model.variant=module:Class`); everything variant-specific
+lives on the class. docs/adding_a_variant.md lists the steps."""
+import importlib
+
 from diff_transformer.errors import ConfigError
 from diff_transformer.model.attention.base import Attention, LayerConstant, Projected
 from diff_transformer.model.attention.diff_v1 import DiffAttention
@@ -7,9 +10,10 @@ from diff_transformer.model.attention.diff_v2 import DiffV2Attention
 from diff_transformer.model.attention.shared_diff import SharedDiffAttention
 from diff_transformer.model.attention.transformer import TransformerAttention
 
-__all__ = ["Attention", "LayerConstant", "Projected", "VARIANTS", "DiffAttention",
-           "DiffV2Attention", "SharedDiffAttention", "TransformerAttention", "register_variant",
-           "unregister_variant", "variant_class", "variant_names"]
+__all__ = ["Attention", "LayerConstant", "Projected", "PAPER_VARIANTS", "VARIANTS", "DiffAttention",
+           "DiffV2Attention", "SharedDiffAttention", "TransformerAttention", "known_variant",
+           "recorded_variant", "register_variant", "unregister_variant", "variant_class",
+           "variant_names"]
 
 VARIANTS: dict[str, type[Attention]] = {
     "transformer": TransformerAttention,
@@ -17,6 +21,9 @@ VARIANTS: dict[str, type[Attention]] = {
     "shared_diff": SharedDiffAttention,
     "diff_v2": DiffV2Attention,
 }
+# What presets, sweeps, studies and AOT compiles cover: the papers' four, named here so that
+# registering a variant never grows them silently (they take others only when listed).
+PAPER_VARIANTS = ("transformer", "diff", "shared_diff", "diff_v2")
 
 
 def register_variant(name: str, cls: type[Attention]) -> None:
@@ -39,8 +46,37 @@ def variant_names() -> tuple[str, ...]:
 
 
 def variant_class(name: str) -> type[Attention]:
-  """The registered class, or ConfigError naming model.variant."""
-  if name not in VARIANTS:
+  """The class of a registered name or of `module:Class` (imported and registered under that
+  name, so a run can name a variant that lives outside this package); else ConfigError."""
+  if name in VARIANTS:
+    return VARIANTS[name]
+  if ":" not in name:
     raise ConfigError(f"model.variant: unknown variant '{name}'; choose one of "
-                      f"{', '.join(VARIANTS)}")
-  return VARIANTS[name]
+                      f"{', '.join(VARIANTS)}, or name a class as module:Class")
+  module, _, attr = name.partition(":")
+  try:
+    cls = getattr(importlib.import_module(module), attr)
+  except (ImportError, AttributeError) as e:
+    raise ConfigError(f"model.variant: cannot import '{name}' ({type(e).__name__}: {e})") from None
+  if not (isinstance(cls, type) and issubclass(cls, Attention)):
+    raise ConfigError(f"model.variant: '{name}' is not an Attention subclass")
+  VARIANTS[name] = cls
+  return cls
+
+
+def known_variant(name: str) -> bool:
+  """A registered name or an importable module:Class (what sweeps and studies accept)."""
+  try:
+    variant_class(name)
+  except ConfigError:
+    return False
+  return True
+
+
+def recorded_variant(name: str) -> str:
+  """The name a run records so other programs can rebuild it: a variant registered from user
+  code is recorded as module:Class (eval.py, export.py and lm-eval import it from there)."""
+  cls = variant_class(name)
+  if ":" in name or cls.__module__.startswith("diff_transformer.") or cls.__module__ == "__main__":
+    return name  # built in, already a path, or not importable by another program
+  return f"{cls.__module__}:{cls.__qualname__}"

@@ -1,0 +1,62 @@
+"""A run's model for the programs that read runs: evaluation, export, lm-eval."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jax
+import ml_collections
+
+from diff_transformer.config import validate
+from diff_transformer.errors import TrainError, read_json
+from diff_transformer.interop import InteropError
+from diff_transformer.interop.export import check_export, write_folder
+from diff_transformer.model.spec import ModelSpec
+from diff_transformer.training.checkpoint import Checkpointer
+from diff_transformer.training.mesh import make_mesh
+from diff_transformer.training.run_record import (CONFIG_FILE, TOKENIZER_RECORD,
+                                                  check_tokenizer_record, read_config)
+from diff_transformer.training.step import Trainer
+
+
+def restore_model(workdir: str | Path, step: int | None = None,
+                  mesh: jax.sharding.Mesh | None = None, tokenizer=None
+                  ) -> tuple[Any, ml_collections.ConfigDict, int]:
+  """(model, config, step): the model of a training workdir, restored onto `mesh`.
+
+  Only the model arrays are read (never the optimizer), straight into the target shardings of
+  `mesh` (default: one device). The tokenizer record is checked against `tokenizer` when given,
+  otherwise against the workdir's own tokenizer copy. Uses the newest readable checkpoint unless
+  `step` is given.
+  """
+  workdir = Path(workdir)
+  config = read_config(workdir)
+  if config is None:
+    raise TrainError(f"{workdir / CONFIG_FILE}: missing; {workdir} is not a training workdir")
+  validate(config)
+  check_tokenizer_record(workdir, tokenizer)
+  if mesh is None:
+    mesh = make_mesh(ml_collections.ConfigDict(dict(data=1, fsdp=1, tensor=1)),
+                     devices=jax.devices()[:1])
+  trainer = Trainer(config, mesh)
+  found = Checkpointer(workdir, read_only=True).restore(trainer.abstract_state, step=step,
+                                                          model_only=True)
+  if found is None:
+    raise TrainError(f"{workdir / 'checkpoints'}: no checkpoint to restore")
+  state, step = found
+  return trainer.model(state), config, step
+
+
+def export_run(workdir: str | Path, out: str | Path, step: int | None = None) -> dict:
+  """The run's checkpoint (newest, or `step`) as a Hugging Face folder; returns its record.
+  Every refusal comes in one line before the checkpoint is read."""
+  workdir, out = Path(workdir), Path(out)
+  config = read_config(workdir)
+  if config is None or not (workdir / TOKENIZER_RECORD).is_file():
+    raise InteropError(f"--workdir: {workdir} has no {CONFIG_FILE} or {TOKENIZER_RECORD}; not a "
+                       "training workdir")
+  spec = ModelSpec.from_config(config.model)
+  record = read_json(workdir / TOKENIZER_RECORD, InteropError)
+  check_export(spec, record, out, workdir)
+  model, _, step = restore_model(workdir, step=step)
+  return write_folder(model, spec, record, workdir, out, step)
