@@ -133,7 +133,9 @@ def test_the_lm_eval_adapter_restores_a_module_class_run(tmp_path):
   pytest.importorskip("lm_eval")
   from diff_transformer.lm_eval.model import DiffTransformerLM
   from tests import hf_runs
-  config = hf_runs.run_config("diff", variant=TOY_PATH, num_heads=4, num_kv_heads=2, rank=0)
+  config = hf_runs.run_config("transformer")  # its 4 heads over 2 kv heads fit the toy too
+  config.model.variant = TOY_PATH
+  validate(config)
   workdir = hf_runs.make_run(tmp_path / "run", config)
   unregister_variant(TOY_PATH)
   lm = DiffTransformerLM(str(workdir), batch_size=2)
