@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from pathlib import Path
 
@@ -69,6 +70,21 @@ def executed_flops_per_token(spec: ModelSpec, seq_len: int) -> tuple[float, str]
   return total, kernel
 
 
+def _summary_writer():
+  """tensorboardX's SummaryWriter, imported without torch where torch is not loaded yet: with the
+  hf extra installed, tensorboardX would import torch (about 1.3 s in every training process)
+  only to recognise torch tensors, and this logger writes floats."""
+  if "torch" in sys.modules:
+    from tensorboardX import SummaryWriter
+    return SummaryWriter
+  sys.modules["torch"] = None  # `import torch` raises ImportError, which tensorboardX allows
+  try:
+    from tensorboardX import SummaryWriter
+  finally:
+    del sys.modules["torch"]
+  return SummaryWriter
+
+
 class MetricsLogger:
   """metrics.jsonl + TensorBoard events (tb/) in the workdir, and a console progress bar.
 
@@ -79,11 +95,10 @@ class MetricsLogger:
     self.enabled = jax.process_index() == 0
     if not self.enabled:
       return
-    from tensorboardX import SummaryWriter
     from tqdm import tqdm
     workdir.mkdir(parents=True, exist_ok=True)
     self.jsonl = open(workdir / "metrics.jsonl", "a", buffering=1)
-    self.tb = SummaryWriter(str(workdir / "tb"))
+    self.tb = _summary_writer()(str(workdir / "tb"))
     self.bar = tqdm(total=total_steps, initial=start_step, dynamic_ncols=True, unit="step",
                     mininterval=1.0)
 
