@@ -6,13 +6,19 @@ import pytest
 from configs import scaling
 from diff_transformer import params
 from diff_transformer.model.spec import ModelSpec
-from variant_table import entry
+from variant_table import VARIANTS, entry
 
 
 def closed_form(s: ModelSpec) -> int:
   D, L, V, F = s.d_model, s.num_layers, s.vocab_size, s.ffn_dim
   per_layer = entry(s.variant).attention_params(s) + 3 * D * F + 2 * D
   return L * per_layer + D + V * D * (1 if s.tie_embeddings else 2)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_every_variant_matches_closed_form(variant):  # GQA, tiny: the registry, not the presets
+  s = entry(variant).tiny
+  assert params.count(s)["params"] == closed_form(s)
 
 
 def spec(name):
