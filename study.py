@@ -61,10 +61,12 @@ def main(argv):
   status, grid = runner.run(study, FLAGS.study, root)
   runs = runner.collect(study, root)
   missing = [p for p in study.points() if p not in {r["point"] for r in runs}]
-  result = report.build(study, runs, grid, time.perf_counter() - start, command(), missing)
+  ran = sum(s.startswith("ran") for s in status.values())
+  seconds = time.perf_counter() - start
+  invocations = report.record_invocation(root, command(), seconds, ran)
+  result = report.build(study, runs, grid, seconds, command(), missing, invocations)
   report.write_json(result, root)
   path = markdown.write(result, root)
-  ran = sum(s.startswith("ran") for s in status.values())
   print(f"{len(runs)} runs ({ran} trained now); report: {path}")
   failed = {p: s for p, s in status.items() if s.startswith(("failed", "not run"))}
   for point, why in failed.items():

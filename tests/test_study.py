@@ -13,7 +13,7 @@ import pytest
 
 from diff_transformer import cli
 from diff_transformer.errors import UserError, message_lines
-from diff_transformer.study import paired, report, runner, summarize
+from diff_transformer.study import markdown, paired, report, runner, summarize
 from diff_transformer.study.stats import censored_median, holm, min_p, sign_flip_p
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -146,6 +146,12 @@ def test_quick_study_runs_end_to_end_and_resumes(tmp_path):
       sets=("data.task.num_keys=6",), seeds="1,2", name="tinyq").validate()
   status, _ = runner.run(tiny, str(file), root)
   assert status == {p: "skipped" for p in tiny.grid_points() + tiny.points()}
+  # Each invocation's time is kept (4 runs + 4 grid runs trained by the first), and a resumed
+  # study's report lists them all.
+  assert [c["trained"] for c in data["study"]["invocations"]] == [8]
+  data["study"]["invocations"] = report.record_invocation(root, "rerun", 0.5, 0)
+  assert [c["trained"] for c in data["study"]["invocations"]] == [8, 0]
+  assert "Invocations on this root, in order: " in markdown.write(data, tmp_path).read_text()
 
 
 BAD_STUDY_FILES = [

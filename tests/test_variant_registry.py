@@ -119,9 +119,10 @@ def test_the_test_table_asks_for_the_new_variant(toy_variant):
 
 
 def test_presets_sweeps_and_studies_list_the_papers_variants_only(toy_variant):
-  assert not any(n.startswith(toy_variant) for n in scaling.preset_names() + synthetic.preset_names())
-  sweep = Sweep("s", sizes={"x": lambda v: synthetic.get_config(f"{v}-mqar_plain")}, budgets={"1": 1})
-  study = Study(name="s", make=lambda v: synthetic.get_config(f"{v}-mqar_plain"))
+  presets = scaling.preset_names() + synthetic.preset_names()
+  assert not any(n.startswith(toy_variant) for n in presets)
+  make = lambda v: synthetic.get_config(f"{v}-mqar_plain")
+  sweep, study = Sweep("s", sizes={"x": make}, budgets={"1": 1}), Study(name="s", make=make)
   assert sweep.variants == study.variants == PAPER_VARIANTS
   # Listed by name, it is taken; an unknown name is refused before anything runs.
   assert Sweep("s", sizes=sweep.sizes, budgets={"1": 1}, variants=(toy_variant,)).validate()

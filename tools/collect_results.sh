@@ -22,7 +22,9 @@ for study in retrieval lm; do
     mkdir -p "docs/results/study_$study"
     cp "runs/studies/$study/study.json" "runs/studies/$study/report.md" \
       "runs/studies/$study"/*.png "docs/results/study_$study/"
-    [ -f "runs/studies/$study/lr_grid.json" ] && cp "runs/studies/$study/lr_grid.json" "docs/results/study_$study/"
+    for extra in lr_grid.json invocations.jsonl; do
+      if [ -f "runs/studies/$study/$extra" ]; then cp "runs/studies/$study/$extra" "docs/results/study_$study/"; fi
+    done
   fi
 done
 python tools/readme_tables.py

@@ -65,8 +65,12 @@ def _header(result: dict) -> list[str]:
            f"seeds {info['seeds']} (the same data order for every variant per seed).", "",
            f"Command: `{info['command']}`", "",
            f"Wall time of this invocation: {info['wall_seconds'] / 60:.1f} min on "
-           f"{info['machine']} (finished runs are skipped, so a resumed study shows less); the "
-           f"runs' own training time, summed: {minutes:.1f} min.", ""]
+           f"{info['machine']}; the runs' own training time, summed: {minutes:.1f} min."]
+  calls = info.get("invocations") or []
+  if len(calls) > 1:  # a resumed study: finished runs were skipped by the later invocations
+    lines += ["Invocations on this root, in order: " + "; ".join(
+        f"{c['wall_seconds'] / 60:.1f} min ({c['trained']} runs trained)" for c in calls) + "."]
+  lines += [""]
   if result["missing"]:
     lines += [f"**Not in the tables** (failed or unfinished): {', '.join(result['missing'])}.", ""]
   n = len(info["seeds"])
@@ -157,11 +161,12 @@ def _speed_notes(result: dict) -> list[str]:
   rising = {v: s.get("still_rising", "0/0") for v, s in result["summary"].items()}
   flagged = [v for v, k in rising.items() if not k.startswith("0/")]
   if not flagged:
-    return ["No variant was still rising over its last 20% of steps: final-accuracy gaps are "
-            "gaps at convergence of this budget.", ""]
-  return [f"Still rising over the last 20% of steps: {', '.join(f'{v} ({rising[v]})' for v in flagged)}. "
-          "A final-accuracy gap involving these is **speed, not capability**: more steps may "
-          "close it.", ""]
+    return ["No variant was still improving over its last 20% of steps: the gaps at the last "
+            "step are gaps at convergence of this budget.", ""]
+  return [f"Still improving (accuracy rising, or validation loss falling by more than 0.01) over "
+          f"the last 20% of steps: {', '.join(f'{v} ({rising[v]})' for v in flagged)}. A gap at "
+          "the last step involving these is **speed, not capability**: more steps may close "
+          "it.", ""]
 
 
 def _text_tables(result: dict, root: Path) -> list[str]:
@@ -190,7 +195,7 @@ def write(result: dict, root: Path) -> Path:
               _table(["variant", "mean ± std", "paired difference vs Transformer"],
                      [[v, _pm(s.get(primary)), _diff(result["paired"].get(v, {}).get(primary))
                        if v != BASELINE else "baseline"] for v, s in result["summary"].items()]) +
-              [""] + _text_tables(result, root) +
+              [""] + _speed_notes(result) + _text_tables(result, root) +
               _secondary(result, [m for m in metrics if m != primary]))
   path = root / "report.md"
   path.write_text("\n".join(lines))

@@ -58,6 +58,15 @@ def curves(result: dict, path: Path) -> str:
   return common.save_figure(fig, path)
 
 
+def _log_x(ax, xs) -> None:
+  """A log x axis labelled at the measured x values (1.2M, 410k), not at powers of ten whose
+  minor labels overlap on ranges this short."""
+  ax.set_xscale("log")
+  xs = sorted({float(x) for x in xs})
+  ax.set_xticks(xs, [f"{x / 1e6:.2g}M" if x >= 1e6 else f"{x / 1e3:.3g}k" for x in xs])
+  ax.xaxis.set_minor_formatter("")
+
+
 def loss_vs_tokens(result: dict, path: Path) -> str:
   sizes = result["study"]["sizes"] or [""]
   fig, axes = common.figure(ncols=len(sizes), size=(3.2 * len(sizes), 3.2))
@@ -69,7 +78,7 @@ def loss_vs_tokens(result: dict, path: Path) -> str:
         xs, mean, std, n = got
         ax.plot(xs, mean, label=f"{v} (n={n})")
         ax.fill_between(xs, mean - std, mean + std, alpha=0.2)
-    ax.set_xscale("log")
+    _log_x(ax, [x for line in ax.get_lines() for x in line.get_xdata()])
     ax.set_xlabel("training tokens")
     ax.set_title(f"size {size}" if size else "", fontsize=8)
   axes[0].set_ylabel("validation loss (nats/token)")
@@ -89,7 +98,7 @@ def loss_vs_size(result: dict, path: Path) -> str:
     if points:
       p, m, s = map(np.asarray, zip(*points))
       ax.errorbar(p, m, yerr=s, marker="o", capsize=2, label=v)
-  ax.set_xscale("log")
+  _log_x(ax, [r["params"] for r in result["runs"]])
   ax.set_xlabel("parameters")
   ax.set_ylabel("final validation loss (nats/token)")
   ax.legend(fontsize=7)

@@ -6,6 +6,7 @@ import json
 import math
 import os
 import platform
+import time
 from pathlib import Path
 
 from diff_transformer.data import synthetic
@@ -37,13 +38,18 @@ def _by_seed(runs: list[dict], variant: str) -> dict[int, dict[str, float]]:
 
 
 def censoring(runs: list[dict], variant: str) -> dict:
+  """reached_90 = "k/n" and the censored median of steps to 0.9 (task runs), and how many runs
+  were still improving over their last 20% of steps (every run)."""
+  out = {}
+  rising = [r["still_rising"] for r in runs if r["variant"] == variant and "still_rising" in r]
+  if rising:
+    out["still_rising"] = f"{sum(rising)}/{len(rising)}"
   mine = [r for r in runs if r["variant"] == variant and "reached_90" in r]
-  if not mine:
-    return {}
-  median = censored_median([r["steps_to_90"] for r in mine], [r["reached_90"] for r in mine])
-  return dict(reached_90=f"{sum(r['reached_90'] for r in mine)}/{len(mine)}",
-              steps_to_90_median=median if math.isfinite(median) else None,
-              still_rising=f"{sum(r['still_rising'] for r in mine)}/{len(mine)}")
+  if mine:
+    median = censored_median([r["steps_to_90"] for r in mine], [r["reached_90"] for r in mine])
+    out.update(reached_90=f"{sum(r['reached_90'] for r in mine)}/{len(mine)}",
+               steps_to_90_median=median if math.isfinite(median) else None)
+  return out
 
 
 def compare(study: Study, runs: list[dict]) -> dict:
@@ -69,7 +75,7 @@ def compare(study: Study, runs: list[dict]) -> dict:
 
 
 def build(study: Study, runs: list[dict], grid: dict, wall_seconds: float, command: str,
-          missing: list[str]) -> dict:
+          missing: list[str], invocations: list[dict] = ()) -> dict:
   variants = [v for v in study.variants if any(r["variant"] == v for r in runs)]
   summary = {}
   for v in variants:
@@ -84,6 +90,7 @@ def build(study: Study, runs: list[dict], grid: dict, wall_seconds: float, comma
               seq_len=config.data.seq_len, steps=config.train.steps,
               batch=config.train.global_batch_size, overrides=dict(study.overrides),
               eval_rows=study.eval_rows, command=command, wall_seconds=round(wall_seconds, 1),
+              invocations=list(invocations),
               machine=f"{platform.machine()}, {_cpu_name()}, {_cores()} cores")
   if study.is_task:
     info.update(task_params=synthetic.task_spec(config.data).settings(),
@@ -116,6 +123,16 @@ def strict(x):
   if isinstance(x, (list, tuple)):
     return [strict(v) for v in x]
   return x
+
+
+def record_invocation(root: Path, command: str, seconds: float, trained: int) -> list[dict]:
+  """Appends this invocation to <root>/invocations.jsonl and returns them all: a study resumed
+  over several invocations reports the time each took, not only the last one's."""
+  root.mkdir(parents=True, exist_ok=True)
+  with open(root / "invocations.jsonl", "a") as f:
+    f.write(json.dumps(dict(command=command, wall_seconds=round(seconds, 1), trained=trained,
+                            finished=round(time.time()))) + "\n")
+  return [json.loads(l) for l in (root / "invocations.jsonl").read_text().splitlines() if l]
 
 
 def write_json(result: dict, root: Path) -> Path:

@@ -127,8 +127,9 @@ def first_step(points: list[tuple[int, float]], level: float) -> tuple[float, bo
 
 def still_rising(points: list[tuple[int, float]], tail: float = 0.2, margin: float = 0.01
                  ) -> bool:
-  """Whether held-out accuracy rose by more than `margin` over the last `tail` of the steps:
-  a run that has not plateaued may close a gap with more steps."""
+  """Whether a held-out metric (higher is better: accuracy, or minus the loss) rose by more than
+  `margin` over the last `tail` of the steps: a run that has not plateaued may close a gap with
+  more steps."""
   if len(points) < 2:
     return False
   last_step, last = points[-1]
@@ -162,10 +163,11 @@ def _task_record(ev: dict, points: list[tuple[int, float]]) -> dict:
 
 
 def _text_record(ev: dict, rows: list[dict], tokens_per_step: int) -> dict:
-  loss = ev["loss"]
+  loss, points = ev["loss"], curve(rows, "val_loss")
   return dict(loss=loss["loss"], ar_hit_loss=loss["ar_hit"]["loss"],
               others_loss=loss["others"]["loss"], ar_hit_fraction=loss["ar_hit"]["fraction"],
-              curve=[(step * tokens_per_step, v) for step, v in curve(rows, "val_loss")])
+              still_rising=still_rising([(step, -v) for step, v in points]),  # loss still falling
+              curve=[(step * tokens_per_step, v) for step, v in points])
 
 
 def collect(study: Study, root: str | Path) -> list[dict]:
