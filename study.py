@@ -62,9 +62,8 @@ def main(argv):
   runs = runner.collect(study, root)
   missing = [p for p in study.points() if p not in {r["point"] for r in runs}]
   ran = sum(s.startswith("ran") for s in status.values())
-  seconds = time.perf_counter() - start
-  invocations = report.record_invocation(root, command(), seconds, ran)
-  result = report.build(study, runs, grid, seconds, command(), missing, invocations)
+  invocations = report.record_invocation(root, command(), time.perf_counter() - start, ran)
+  result = report.build(study, runs, grid, missing, invocations)
   report.write_json(result, root)
   path = markdown.write(result, root)
   print(f"{len(runs)} runs ({ran} trained now); report: {path}")

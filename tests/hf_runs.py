@@ -69,7 +69,8 @@ def flat_params(model) -> dict[str, np.ndarray]:
   """The model's parameters by their dotted names (what export and import map)."""
   from flax import nnx
   from diff_transformer.tree import flatten
-  return {k: np.asarray(v) for k, v in flatten(nnx.to_pure_dict(nnx.split(model, nnx.Param, ...)[1])).items()}
+  params = nnx.to_pure_dict(nnx.split(model, nnx.Param, ...)[1])
+  return {k: np.asarray(v) for k, v in flatten(params).items()}
 
 
 def random_tokens(batch: int, length: int, seed: int = 0) -> np.ndarray:

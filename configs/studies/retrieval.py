@@ -6,10 +6,11 @@ the trained slice, censored at the budget.
     python study.py --study=configs/studies/retrieval.py
 
 Sized to finish within an hour on 2 CPU cores (57.4 min idle, 2026-11-25): 600 steps (the
-preset's 800 cut), the grid at 400 steps, 256 eval rows per slice. The grid must run past the plateau before recall forms: at 250
-steps every variant's loss was still near its start, and the lr picked on those differences left
-the Transformer at the floor after 600 steps (docs/synthetic.md). --quick: plain MQAR (8 keys, 4 asked, 128 task ids, T=64),
-2 seeds, 250 steps, one lr for all (minutes).
+preset's 800 cut), the grid at 400 steps, 256 eval rows per slice. The grid must run past the
+plateau before recall forms: at 250 steps every variant's loss was still near its start, and the
+lr picked on those differences left the Transformer at the floor after 600 steps
+(docs/synthetic.md). --quick: plain MQAR (8 keys, 4 asked, 128 task ids, T=64), 2 seeds, 250
+steps, one lr for all (minutes).
 """
 from configs import synthetic
 from diff_transformer.study import Study

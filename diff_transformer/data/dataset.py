@@ -141,20 +141,27 @@ def load_dataset(data_config: ml_collections.ConfigDict, *, seq_len: int | None 
   if seq_len <= 0:
     raise DataError(f"data.seq_len: must be positive, got {seq_len}")
   unchecked = 0
-  for split in SPLITS:
-    for shard in split_shards(meta["splits"][split]):
-      n = shard["stream_tokens"] * np.dtype(meta["dtype"]).itemsize
-      file = path / shard["file"]
-      if not file.is_file() or file.stat().st_size != n:
-        raise DataError(f"{file}: missing or not {n} bytes as metadata.json says; prepare again")
-      if "max_id" not in shard:
-        unchecked += 1
-      elif shard["max_id"] >= tok.vocab_size:
-        raise out_of_range(file, shard["max_id"], tok.vocab_size, path, meta)
+  for shard, file in _sized_shards(path, meta):
+    if "max_id" not in shard:
+      unchecked += 1
+    elif shard["max_id"] >= tok.vocab_size:
+      raise out_of_range(file, shard["max_id"], tok.vocab_size, path, meta)
   if unchecked:  # prepared before shards recorded their id range and checksum
     print(f"note: {path} records no id range or checksum for {unchecked} shard(s); "
           f"`python prepare_data.py --verify {path}` scans them", file=sys.stderr)
   return Dataset(path=path, tokenizer=tok, metadata=meta, seq_len=seq_len)
+
+
+def _sized_shards(path: Path, meta: dict):
+  """(shard record, file) of every split's shards, each file checked against its recorded size."""
+  for split in SPLITS:
+    for shard in split_shards(meta["splits"][split]):
+      file = path / shard["file"]
+      n = shard["stream_tokens"] * np.dtype(meta["dtype"]).itemsize
+      if not file.is_file() or file.stat().st_size != n:
+        raise DataError(f"{file}: missing or not {n} bytes as metadata.json says; rebuild it: "
+                        f"{rebuild_command(path, meta)}")
+      yield shard, file
 
 
 def rebuild_command(path: Path, meta: dict) -> str:
@@ -180,24 +187,18 @@ def verify_prepared(directory: str | Path) -> dict:
   meta = read_metadata(path)
   vocab = load_tokenizer(meta["tokenizer"], path).vocab_size
   out = dict(shards=0, tokens=0, checksums_compared=0)
-  for split in SPLITS:
-    for shard in split_shards(meta["splits"][split]):
-      file = path / shard["file"]
-      n = shard["stream_tokens"] * np.dtype(meta["dtype"]).itemsize
-      if not file.is_file() or file.stat().st_size != n:
-        raise DataError(f"{file}: missing or not {n} bytes as metadata.json says; rebuild it: "
+  for shard, file in _sized_shards(path, meta):
+    largest, digest = scan_shard(file, meta["dtype"])
+    if largest >= vocab:
+      raise out_of_range(file, largest, vocab, path, meta)
+    if "sha256" in shard:
+      if digest != shard["sha256"]:
+        raise DataError(f"{file}: its sha256 differs from the one metadata.json recorded (the "
+                        f"shard changed since it was prepared); rebuild it: "
                         f"{rebuild_command(path, meta)}")
-      largest, digest = scan_shard(file, meta["dtype"])
-      if largest >= vocab:
-        raise out_of_range(file, largest, vocab, path, meta)
-      if "sha256" in shard:
-        if digest != shard["sha256"]:
-          raise DataError(f"{file}: its sha256 differs from the one metadata.json recorded (the "
-                          f"shard changed since it was prepared); rebuild it: "
-                          f"{rebuild_command(path, meta)}")
-        out["checksums_compared"] += 1
-      out["shards"] += 1
-      out["tokens"] += shard["stream_tokens"]
+      out["checksums_compared"] += 1
+    out["shards"] += 1
+    out["tokens"] += shard["stream_tokens"]
   return out
 
 

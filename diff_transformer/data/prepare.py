@@ -48,7 +48,6 @@ SPLITS = ("train", "val")
 _ENCODE_BATCH = 64
 
 
-
 # ------------------------------------------------------------------------------ the writing
 def _token_dtype(vocab_size: int) -> np.dtype:
   return np.dtype("<u2") if vocab_size <= 1 << 16 else np.dtype("<u4")

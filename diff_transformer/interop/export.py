@@ -26,8 +26,9 @@ REMOTE_FILES = ("configuration_diff_v2.py", "modeling_diff_v2.py")
 EXPORT_RECORD = "diff_transformer_export.json"
 
 
-def check_export(spec: ModelSpec, record: dict, out: Path, workdir: Path) -> None:
-  """Everything that can refuse an export, in one line, before any checkpoint is read."""
+def check_export(spec: ModelSpec, record: dict, out: Path, workdir: Path):
+  """Everything that can refuse an export, in one line, before any checkpoint is read; returns
+  the run's tokenizer as a transformers tokenizer (for write_folder)."""
   weights.check_exportable(spec)
   require("transformers", "safetensors", "torch")
   if out.exists() and (not out.is_dir() or any(out.iterdir())):
@@ -37,7 +38,7 @@ def check_export(spec: ModelSpec, record: dict, out: Path, workdir: Path) -> Non
   if int(record.get("vocab_size", 0)) > spec.vocab_size:
     raise InteropError(f"{workdir}/tokenizer_record.json: the tokenizer's {record['vocab_size']} "
                        f"ids exceed model.vocab_size {spec.vocab_size}")
-  hf_tokenizer(record, workdir)  # a tokenizer it cannot convert exactly: refused now
+  return hf_tokenizer(record, workdir)  # a tokenizer it cannot convert exactly: refused now
 
 
 def hf_config_object(spec: ModelSpec, eot_id: int):
@@ -57,9 +58,9 @@ def hf_config_object(spec: ModelSpec, eot_id: int):
   return config
 
 
-def write_folder(model, spec: ModelSpec, record: dict, workdir: Path, out: Path, step: int
-                 ) -> dict:
-  """Writes the HF folder of `model` (checked by check_export); returns the export record."""
+def write_folder(model, spec: ModelSpec, record: dict, tokenizer, workdir: Path, out: Path,
+                 step: int) -> dict:
+  """Writes the HF folder of `model` with check_export's tokenizer; returns the export record."""
   from flax import nnx
   from safetensors.numpy import save_file
   from transformers import GenerationConfig
@@ -78,7 +79,6 @@ def write_folder(model, spec: ModelSpec, record: dict, workdir: Path, out: Path,
               str(out / weights.SIDECAR), metadata={"format": "np"})
   # Padded vocabulary rows (and any id the tokenizer has no token for) never come from the data;
   # transformers' generate must not pick them either.
-  tokenizer = hf_tokenizer(record, workdir)
   unused = sorted(set(range(spec.vocab_size)) - set(tokenizer.get_vocab().values()))
   GenerationConfig(bos_token_id=eot, eos_token_id=eot, pad_token_id=eot,
                    suppress_tokens=unused or None).save_pretrained(str(out))

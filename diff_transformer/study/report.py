@@ -74,8 +74,10 @@ def compare(study: Study, runs: list[dict]) -> dict:
   return out
 
 
-def build(study: Study, runs: list[dict], grid: dict, wall_seconds: float, command: str,
-          missing: list[str], invocations: list[dict] = ()) -> dict:
+def build(study: Study, runs: list[dict], grid: dict, missing: list[str],
+          invocations: list[dict]) -> dict:
+  """study.json's content; `invocations` (record_invocation) ends with this one, whose command
+  and wall time the report names."""
   variants = [v for v in study.variants if any(r["variant"] == v for r in runs)]
   summary = {}
   for v in variants:
@@ -89,8 +91,8 @@ def build(study: Study, runs: list[dict], grid: dict, wall_seconds: float, comma
               min_p=min_p(len(study.seeds)), task=config.data.name,
               seq_len=config.data.seq_len, steps=config.train.steps,
               batch=config.train.global_batch_size, overrides=dict(study.overrides),
-              eval_rows=study.eval_rows, command=command, wall_seconds=round(wall_seconds, 1),
-              invocations=list(invocations),
+              eval_rows=study.eval_rows, command=invocations[-1]["command"],
+              wall_seconds=invocations[-1]["wall_seconds"], invocations=list(invocations),
               machine=f"{platform.machine()}, {_cpu_name()}, {_cores()} cores")
   if study.is_task:
     info.update(task_params=synthetic.task_spec(config.data).settings(),
