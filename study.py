@@ -25,6 +25,7 @@ cli.default_platform()
 
 from absl import flags, logging  # noqa: E402
 
+from diff_transformer.errors import ConfigError  # noqa: E402
 from diff_transformer.study import markdown, report, runner  # noqa: E402
 from diff_transformer.sweeps import runner as sweep_runner  # noqa: E402
 
@@ -36,15 +37,28 @@ flags.DEFINE_multi_string("set", [], "key=value config override for every run (r
 flags.DEFINE_string("variants", "", "Comma-separated variants (default: the study's).")
 flags.DEFINE_string("seeds", "", "Comma-separated seeds (default: the study's).")
 flags.DEFINE_string("name", "", "The study's name (default: the study file's; names the root).")
+flags.DEFINE_string("results", "", "Directory of study.json, report.md, plots and the run "
+                    "records (default: the root). Records there let a study continue elsewhere.")
+flags.DEFINE_integer("jobs", 2, "Training children at once, each on its own CPU core (1: one "
+                     "child on every core; benchmarks/study_children.py measured 2 faster on 2 "
+                     "cores for the studies' tiny models).")
+flags.DEFINE_bool("report_only", False, "Train nothing: write study.json and the report from "
+                  "the run records in --results (e.g. committed ones).")
+flags.DEFINE_bool("exploratory", False, "Run a design whose primary family cannot reach p < 0.05 "
+                  "(the report says so in its first line).")
 FLAGS = flags.FLAGS
 
 
 def command() -> str:
+  """This invocation's command line; an absolute --root / --results is shown as <root> /
+  <results> (no machine paths in results that get committed)."""
   args = [f"--study={FLAGS.study}"] + (["--quick"] if FLAGS.quick else [])
+  args += [f"--{k}" for k in ("exploratory", "report_only") if getattr(FLAGS, k)]
   args += [f"--set={s}" for s in FLAGS.set]
-  args += [f"--{k}={getattr(FLAGS, k)}" for k in ("variants", "seeds", "name", "root")
-           if getattr(FLAGS, k)]
-  return shlex.join(["python", "study.py"] + args)
+  args += [f"--{k}={getattr(FLAGS, k)}" for k in ("variants", "seeds", "name") if getattr(FLAGS, k)]
+  args += [f"--{k}={v if not Path(v).is_absolute() else f'<{k}>'}"
+           for k in ("root", "results") if (v := getattr(FLAGS, k))]
+  return shlex.join(["python", "study.py"] + args + [f"--jobs={FLAGS.jobs}"])
 
 
 def main(argv):
@@ -52,22 +66,28 @@ def main(argv):
   sweep_runner.stop_on_sigterm()
   logging.set_verbosity(logging.WARNING)
   start = time.perf_counter()
-  study = cli.load_definition(FLAGS.study, "study", "STUDY").validate()  # the whole file, also when running --quick
+  # The whole file's points, also when running --quick; the design of what runs, below.
+  study = cli.load_definition(FLAGS.study, "study", "STUDY").validate(design=False)
   if FLAGS.quick:
     study = study.quick()
   study = study.with_options(sets=tuple(FLAGS.set), variants=FLAGS.variants, seeds=FLAGS.seeds,
-                             name=FLAGS.name).validate()
+                             name=FLAGS.name, exploratory=FLAGS.exploratory).validate()
+  if FLAGS.jobs < 1:
+    raise ConfigError(f"--jobs: must be a positive number of children, got {FLAGS.jobs}")
   root = Path(FLAGS.root or Path("runs") / "studies" / study.name)
-  status, grid = runner.run(study, FLAGS.study, root)
-  runs = runner.collect(study, root)
+  results = Path(FLAGS.results) if FLAGS.results else root
+  status, grid = runner.run(study, FLAGS.study, root, results, jobs=FLAGS.jobs,
+                            train=not FLAGS.report_only)
+  runs = runner.collect(study, results, grid)
   missing = [p for p in study.points() if p not in {r["point"] for r in runs}]
   ran = sum(s.startswith("ran") for s in status.values())
-  invocations = report.record_invocation(root, command(), time.perf_counter() - start, ran)
+  invocations = report.record_invocation(results, command(), time.perf_counter() - start, ran)
   result = report.build(study, runs, grid, missing, invocations)
-  report.write_json(result, root)
-  path = markdown.write(result, root)
+  report.write_json(result, results)
+  path = markdown.write(result, results)
   print(f"{len(runs)} runs ({ran} trained now); report: {path}")
-  failed = {p: s for p, s in status.items() if s.startswith(("failed", "not run"))}
+  failed = {p: s for p, s in status.items()
+            if s.startswith(("failed", "not run")) and not FLAGS.report_only}
   for point, why in failed.items():
     print(f"{point}: {why}", file=sys.stderr)
   if failed:

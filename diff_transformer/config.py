@@ -95,6 +95,9 @@ def base_config() -> ml_collections.ConfigDict:
       # Stop when a step's loss exceeds this many times the running mean of the losses before
       # it (as with a non-finite loss, checkpoints that led to it are set aside); 0 = off.
       max_loss_spike=0.0,
+      # Stop (saving, and writing summary.json as a finished run) at the first evaluation whose
+      # validation accuracy reaches this level; 0 = off. Studies timing steps to a level use it.
+      stop_at_val_accuracy=0.0,
       peak_tflops=0.0,  # per-device peak for MFU; 0 = look up the device kind
   ))
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
@@ -166,6 +169,9 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     _fail("train.lr", f"lr must be > 0 and final_lr >= 0, got {t.lr}, {t.final_lr}")
   if t.max_loss_spike != 0 and not t.max_loss_spike > 1:
     _fail("train.max_loss_spike", f"must be 0 (off) or a factor > 1, got {t.max_loss_spike}")
+  if not 0.0 <= t.stop_at_val_accuracy <= 1.0:
+    _fail("train.stop_at_val_accuracy", f"must be in [0, 1] (0 = off), got "
+          f"{t.stop_at_val_accuracy}")
   for axis in ("data", "fsdp", "tensor"):
     if config.mesh[axis] == 0 or config.mesh[axis] < -1:
       _fail(f"mesh.{axis}", f"must be a positive size or -1 (the remaining devices), got "

@@ -58,10 +58,12 @@ def wait_until(condition, what: str) -> None:
 
 
 def interrupt(proc: subprocess.Popen, sig: int, workdir: Path) -> subprocess.CompletedProcess:
-  """Sends `sig` to the driver and waits for it and for the child training in `workdir`."""
+  """Sends `sig` to the driver and waits for it and for every child it was running (a study
+  trains two at once), so the next driver's children are the only ones left."""
   proc.send_signal(sig)
   out, err = proc.communicate(timeout=DEADLINE_S)
-  wait_until(lambda: not lock_held(workdir), f"the child in {workdir} to exit")
+  for other in sorted(workdir.parent.iterdir()):
+    wait_until(lambda: not lock_held(other), f"the child in {other} to exit")
   return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
@@ -77,14 +79,19 @@ def test_study_survives_kills_in_children_and_in_evaluation_and_names_a_failed_c
   args = (f"--study={file}", "--quick", f"--root={root}")
   for sig, point, phase in ((signal.SIGKILL, "transformer-s0", "train"),
                             (signal.SIGTERM, "transformer-s1", "train"),
-                            (signal.SIGKILL, "transformer-s0", "eval"),
-                            (signal.SIGTERM, "transformer-s1", "eval")):
+                            (signal.SIGKILL, "", "eval"), (signal.SIGTERM, "", "eval")):
+    started = time.time()
     proc = start("study.py", *args)
-    workdir = root / point
     if phase == "train":
+      workdir = root / point
       wait_until(lambda: lock_held(workdir), f"the child of {point}")
-    else:
-      wait_until(lambda: (workdir / "eval").is_dir(), f"the evaluation of {point}")
+    else:  # whichever run this driver is evaluating (two children finish in either order)
+      def evaluating() -> Path | None:
+        return next((w for w in (root / "transformer-s0", root / "transformer-s1")
+                     if (w / "eval").is_dir() and (w / "eval").stat().st_mtime >= started
+                     and not (root / "records" / f"{w.name}.json").exists()), None)
+      wait_until(lambda: evaluating() is not None, "an evaluation by this driver")
+      workdir = evaluating() or root / "transformer-s0"
     stopped = interrupt(proc, sig, workdir)
     if sig == signal.SIGTERM:
       assert stopped.returncode == 2, stopped.stderr[-2000:]

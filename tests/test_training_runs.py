@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -320,3 +321,24 @@ def test_two_processes_match_one(corpus, tmp_path):
     state, metrics = trainer.train_step(state, global_batch(trainer.mesh, batch))
     assert abs(float(metrics["loss"]) - got[step]) <= 1e-5, (step, float(metrics["loss"]),
                                                              got[step])
+
+
+def test_a_run_stops_at_its_accuracy_level_as_a_finished_run(corpus, reference, tmp_path):
+  """train.stop_at_val_accuracy: the first evaluation at or above the level saves, writes
+  summary.json (stopped_at_level) and ends the run; sweeps and studies count it finished. Up to
+  that step it trains exactly as the uninterrupted reference did."""
+  from diff_transformer.sweeps import runner as sweep_runner
+  want = json.loads((reference / "summary.json").read_text())
+  first_eval = val_losses(reference)
+  level = 1e-6  # any argmax accuracy above 0: the first evaluation (step 5) reaches it
+  summary = train_here(tmp_path, corpus, **{"train.stop_at_val_accuracy": level})
+  assert summary["step"] == 5 < want["step"] and summary["stopped_at_level"]
+  assert summary["val_accuracy"] >= level
+  saved = json.loads((tmp_path / "summary.json").read_text())
+  assert saved["step"] == 5 and saved["stopped_at_level"]
+  assert 5 in [int(p.name) for p in (tmp_path / "checkpoints").iterdir()]
+  assert val_losses(tmp_path) == {5: first_eval[5]}
+  # finished() asks the point's config for its steps only
+  sweep = SimpleNamespace(get_config=lambda point: SimpleNamespace(train=SimpleNamespace(
+      steps=STEPS)))
+  assert sweep_runner.finished(sweep, "p", str(tmp_path))

@@ -41,6 +41,10 @@ STUDY = Study(
     sizes=tuple(SIZES),
     seeds=(0, 1, 2, 3, 4),
     primary="loss@d128",
+    # 5 seeds cannot resolve 3 Holm-corrected comparisons (smallest p 0.19): run as exploratory
+    # until the study is redesigned past early descent with 8 or more seeds.
+    exploratory=True,
+    lr_grid_seeds=(1000,),
     # (1e-3, 2e-3, 4e-3) chose its top for every variant, and (2e-3, 4e-3, 8e-3) its top for DIFF
     # V2; the grid runs the full 200 steps, since a shorter one favours the larger lr.
     lr_grid=(2e-3, 4e-3, 8e-3, 1.6e-2),

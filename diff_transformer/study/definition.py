@@ -5,19 +5,20 @@ STUDY.get_config`, so a point trains as `python train.py --config=<file>:<point>
 
 - `<variant>[-<size>]-s<seed>`: a compared run. Seed s sets both data.seed (the same data order
   for every variant) and train.seed (init).
-- `<variant>[-<size>]-lr<lr>`: a learning-rate grid run (`lr_grid_steps` steps, seed
-  `lr_grid_seed`, which no compared run uses, so the lr is not picked on the seeds that are then
-  compared). Each variant is compared at its own best grid lr (lowest final val loss).
+- `<variant>[-<size>]-lr<lr>-s<seed>`: a learning-rate grid run, seed one of `lr_grid_seeds`,
+  which no compared run uses, so the lr is not picked on the seeds that are then compared. The
+  grid is judged by the study's primary metric at the full budget (study/grid.py).
 
-The runner pins what the in-process study decided (lr, grid steps and seed, overrides) on each
-child's command line, so a child that loads the study file afresh trains exactly that point.
+The design is checked before any run (`validate`): the primary family (one comparison per
+variant against the Transformer, Holm-corrected) must be able to reach p < 0.05 at the study's
+number of seeds, or the study is refused unless marked exploratory.
 """
 from __future__ import annotations
 
 import ast
 import dataclasses
 import functools
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import ml_collections
 
@@ -25,8 +26,22 @@ from diff_transformer.config import validate
 from diff_transformer.data import synthetic
 from diff_transformer.errors import ConfigError
 from diff_transformer.model.attention import PAPER_VARIANTS, known_variant, variant_names
+from diff_transformer.study.stats import ALPHA, seeds_needed, smallest_holm_p
 
 BASELINE = "transformer"
+
+
+class Point(NamedTuple):
+  variant: str
+  size: str  # '' in a study without sizes
+  seed: int
+  lr: float | None  # a grid point's lr; None for a compared point
+
+
+def level(metric: str) -> float | None:
+  """The accuracy level of a `steps_to_<pct>` metric (0.9 for steps_to_90), else None."""
+  head, _, pct = metric.partition("@")[0].partition("steps_to_")
+  return int(pct) / 100 if not head and pct.isdigit() else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,14 +49,22 @@ class Study:
   name: str
   # variant -> full config; with `sizes`, (variant, size) -> full config
   make: Callable[..., ml_collections.ConfigDict]
-  seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
+  seeds: tuple[int, ...] = tuple(range(8))
   variants: tuple[str, ...] = PAPER_VARIANTS
   sizes: tuple[str, ...] = ()  # model sizes (LM studies); empty: one setting
-  # The one metric named before the run; every other comparison is secondary (Holm-corrected).
+  # The one metric named before the run (its family: one comparison per variant), and the few
+  # pre-named secondary metrics (one family, Holm within it). Every other metric is descriptive.
   primary: str = "steps_to_90"
+  secondary: tuple[str, ...] = ()
+  # A study whose primary family cannot reach p < 0.05 runs only when marked exploratory.
+  exploratory: bool = False
+  # A steps_to_<level> primary: a run stops once it reaches the level (its secondaries are then
+  # measured at that step).
+  stop_at_level: bool = False
   lr_grid: tuple[float, ...] = ()  # empty: every variant at its preset's lr
-  lr_grid_steps: int = 0  # 0: the compared runs' steps
-  lr_grid_seed: int = 1000
+  lr_grid_steps: int = 0  # 0: the compared runs' steps (the full budget)
+  lr_grid_seeds: tuple[int, ...] = (1000, 1001)
+  lr_grid_extend: int = 2  # at most this many points added beyond either end of the grid
   lr_grid_size: str = ""  # with sizes: run the grid at this size only and use its lr at every size
   eval_rows: int = 512  # eval-split rows per task slice
   attention_rows: int = 32
@@ -55,14 +78,16 @@ class Study:
   def quick(self) -> "Study":
     return dataclasses.replace(self, name=f"{self.name}-quick", seeds=self.quick_seeds,
                                lr_grid=self.quick_lr_grid, lr_grid_steps=0,
+                               lr_grid_seeds=self.lr_grid_seeds[:1], lr_grid_extend=0,
+                               exploratory=True,
                                overrides=self.overrides + self.quick_overrides,
                                eval_rows=min(self.eval_rows, 128),
                                attention_rows=min(self.attention_rows, 8))
 
   def with_options(self, *, sets: tuple[str, ...] = (), variants: str = "", seeds: str = "",
-                   name: str = "") -> "Study":
+                   name: str = "", exploratory: bool = False) -> "Study":
     """The study with study.py's command-line options folded in (`--set key=value` appended to
-    the overrides; `--variants a,b`; `--seeds 0,1,2`; `--name`)."""
+    the overrides; `--variants a,b`; `--seeds 0,1,2`; `--name`; `--exploratory`)."""
     study = self
     if sets:
       study = dataclasses.replace(study, overrides=study.overrides + tuple(map(_parse_set, sets)))
@@ -73,6 +98,8 @@ class Study:
         study = dataclasses.replace(study, seeds=tuple(int(s) for s in seeds.split(",")))
       except ValueError:
         raise ConfigError(f"--seeds: '{seeds}' is not a comma-separated list of integers") from None
+    if exploratory:
+      study = dataclasses.replace(study, exploratory=True)
     return dataclasses.replace(study, name=name) if name else study
 
   def cells(self) -> list[tuple[str, str]]:
@@ -86,50 +113,74 @@ class Study:
   def points(self) -> list[str]:
     return [f"{self.cell_name(v, z)}-s{s}" for s in self.seeds for v, z in self.cells()]
 
-  def grid_points(self) -> list[str]:
-    cells = [(v, z) for v, z in self.cells() if not self.lr_grid_size or z == self.lr_grid_size]
-    return [f"{self.cell_name(v, z)}-lr{lr:g}" for v, z in cells for lr in self.lr_grid]
+  def grid_cells(self) -> list[str]:
+    return [self.cell_name(v, z) for v, z in self.cells()
+            if not self.lr_grid_size or z == self.lr_grid_size]
+
+  def grid_point(self, cell: str, lr: float, seed: int) -> str:
+    return f"{cell}-lr{lr:g}-s{seed}"
+
+  def grid_points(self, lrs: tuple[float, ...] | None = None) -> list[str]:
+    return [self.grid_point(c, lr, s) for c in self.grid_cells()
+            for lr in (self.lr_grid if lrs is None else lrs) for s in self.lr_grid_seeds]
 
   def grid_cell(self, point: str) -> str:
-    """The grid cell whose best lr a compared point trains at."""
-    variant, size, _, _ = self.parse(point)
-    return self.cell_name(variant, self.lr_grid_size or size)
+    """The grid cell whose chosen lr a compared point trains at."""
+    p = self.parse(point)
+    return self.cell_name(p.variant, self.lr_grid_size or p.size)
 
-  def parse(self, point: str) -> tuple[str, str, str, float]:
-    """(variant, size, 's' | 'lr', seed or learning rate)."""
-    cell, kind, value = point.rpartition("-s")
-    if not value.isdigit():
-      cell, kind, value = point.rpartition("-lr")
+  @property
+  def level(self) -> float | None:
+    return level(self.primary)
+
+  def parse(self, point: str) -> Point:
+    cell, _, seed = point.rpartition("-s")
+    lr = None
+    if "-lr" in cell:
+      cell, _, lr_text = cell.rpartition("-lr")
+      lr = _number(lr_text, float)
     variant, _, size = cell.partition("-")
-    number = _number(value, int if kind == "-s" else float)
-    if variant not in self.variants or size not in (self.sizes or ("",)) or not number:
+    number = _number(seed, int)
+    grid_seed = number is not None and number[0] in self.lr_grid_seeds
+    if (variant not in self.variants or size not in (self.sizes or ("",)) or not number or
+        (lr is None) == ("-lr" in point) or (lr is not None) != grid_seed):
       raise ConfigError(f"study {self.name}: unknown point '{point}'; points are "
-                        f"<variant>{'-<size>' if self.sizes else ''}-s<seed> or -lr<lr> "
-                        f"with variant in {list(self.variants)}"
+                        f"<variant>{'-<size>' if self.sizes else ''}-s<seed> or "
+                        f"-lr<lr>-s<grid seed {list(self.lr_grid_seeds)}> with variant in "
+                        f"{list(self.variants)}"
                         + (f", size in {list(self.sizes)}" if self.sizes else ""))
-    return variant, size, kind.lstrip("-"), number[0]
+    return Point(variant, size, number[0], lr[0] if lr else None)
 
   def get_config(self, point: str) -> ml_collections.ConfigDict:
-    variant, size, kind, index = self.parse(point)
-    config = self.make(variant, size) if self.sizes else self.make(variant)
+    p = self.parse(point)
+    config = self.make(p.variant, p.size) if self.sizes else self.make(p.variant)
     for key, value in self.overrides:
       _set(config, key, value)
     t = config.train
-    seed = index
-    if kind == "lr":
-      t.final_lr = t.final_lr / t.lr * index  # keep the preset's decay ratio
-      t.lr, seed = index, self.lr_grid_seed
+    if p.lr is not None:
+      t.final_lr = t.final_lr / t.lr * p.lr  # keep the preset's decay ratio
+      t.lr = p.lr
       if self.lr_grid_steps:
         t.steps = t.checkpoint_every = self.lr_grid_steps
         t.eval_every = min(t.eval_every, t.steps)
-    config.data.seed = t.seed = seed
+    if self.stop_at_level and self.level:
+      t.stop_at_val_accuracy = self.level
+    config.data.seed = t.seed = p.seed
     config.source = f"study {self.name}, point {point}; " + config.source
+    return config
+
+  def resolved_config(self, point: str, lr: float | None = None) -> ml_collections.ConfigDict:
+    """The config a point trains with: a compared point at the lr its grid chose."""
+    config = self.get_config(point)
+    if lr is not None:
+      t = config.train
+      t.final_lr, t.lr = t.final_lr / t.lr * lr, lr
     return config
 
   def lr_args(self, point: str, lr: float) -> tuple[str, ...]:
     """train.py flags that run a compared point at `lr` (the preset's decay ratio kept)."""
-    t = self.get_config(point).train
-    return (f"--config.train.lr={lr!r}", f"--config.train.final_lr={t.final_lr / t.lr * lr!r}")
+    t = self.resolved_config(point, lr).train
+    return (f"--config.train.lr={t.lr!r}", f"--config.train.final_lr={t.final_lr!r}")
 
   def grid_args(self, point: str) -> tuple[str, ...]:
     """train.py flags that pin a grid point's lr, steps and seed."""
@@ -142,14 +193,30 @@ class Study:
 
   def override_args(self) -> tuple[str, ...]:
     """The overrides as train.py flags (the runs' own command lines carry them)."""
-    return tuple(f"--config.{k}={v}" for k, v in self.overrides)
+    stop = (("train.stop_at_val_accuracy", self.level),) if self.stop_at_level and self.level else ()
+    return tuple(f"--config.{k}={v}" for k, v in self.overrides + stop)
 
   @functools.cached_property
   def is_task(self) -> bool:
     return self.get_config(self.points()[0]).data.name in synthetic.TASKS
 
-  def validate(self) -> "Study":
-    """Every point builds a valid config; checked before any run starts."""
+  def families(self) -> dict[str, int]:
+    """{family: number of comparisons}: the primary and the pre-named secondaries."""
+    others = len(self.variants) - (BASELINE in self.variants)
+    return dict(primary=others, secondary=others * len(self.secondary))
+
+  def design(self) -> dict:
+    """What the design can show: per family its size, the smallest p it can reach after Holm at
+    this number of seeds, and the seeds it needs to reach p < 0.05."""
+    n = len(self.seeds)
+    return {family: dict(comparisons=m, smallest_p=smallest_holm_p(m, n),
+                         can_resolve=bool(m) and smallest_holm_p(m, n) < ALPHA,
+                         seeds_needed=seeds_needed(m) if m else 0)
+            for family, m in self.families().items()}
+
+  def validate(self, design: bool = True) -> "Study":
+    """Every point builds a valid config and (with `design`) the design can conclude; checked
+    before any run."""
     if not self.seeds or len(set(self.seeds)) != len(self.seeds):
       raise ConfigError(f"study {self.name}: seeds must be distinct and non-empty, got "
                         f"{self.seeds}")
@@ -163,15 +230,26 @@ class Study:
     if self.lr_grid_size and self.lr_grid_size not in self.sizes:
       raise ConfigError(f"study {self.name}: lr_grid_size '{self.lr_grid_size}' is not one of "
                         f"the sizes {list(self.sizes)}")
-    if any(not lr > 0 for lr in self.lr_grid) or self.lr_grid_seed in self.seeds:
-      raise ConfigError(f"study {self.name}: lr_grid must be positive and lr_grid_seed "
-                        f"({self.lr_grid_seed}) not one of the compared seeds")
+    if (any(not lr > 0 for lr in self.lr_grid) or not self.lr_grid_seeds or
+        set(self.lr_grid_seeds) & set(self.seeds) or self.lr_grid_extend < 0):
+      raise ConfigError(f"study {self.name}: lr_grid must be positive, lr_grid_seeds "
+                        f"{self.lr_grid_seeds} non-empty and none of the compared seeds, "
+                        "lr_grid_extend >= 0")
+    if self.lr_grid and list(self.lr_grid) != sorted(set(self.lr_grid)):
+      raise ConfigError(f"study {self.name}: lr_grid must be increasing, got {self.lr_grid}")
+    primary = self.design()["primary"]
+    if design and not self.exploratory and primary["comparisons"] and not primary["can_resolve"]:
+      raise ConfigError(
+          f"study {self.name}: the primary family ({primary['comparisons']} comparisons, Holm) "
+          f"cannot reach p < {ALPHA} with {len(self.seeds)} seeds (smallest p "
+          f"{primary['smallest_p']:.4f}); it needs {primary['seeds_needed']} seeds or more "
+          "(--seeds), or --exploratory to run it anyway")
     for point in self.points() + self.grid_points():
       try:
         config = validate(self.get_config(point))
       except (ConfigError, ValueError, KeyError, AttributeError, TypeError) as e:
         raise ConfigError(f"study {self.name}: point {point}: {e}") from None
-      if config.data.name not in synthetic.TASKS and self.primary.startswith("steps_to"):
+      if config.data.name not in synthetic.TASKS and self.level:
         raise ConfigError(f"study {self.name}: point {point} trains on text; primary metric "
                           f"'{self.primary}' needs a synthetic task")
     return self

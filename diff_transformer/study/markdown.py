@@ -12,7 +12,7 @@ from diff_transformer.study.report import informative_slices
 
 SECONDARY_TASK = ("val_accuracy", "final_loss", "first_query_accuracy", "answer_share",
                   "abs_answer_share", "distractor_share", "abs_distractor_share", "noise_share",
-                  "abs_noise_share", "negative_mass", "logit_top1")
+                  "abs_noise_share", "negative_mass", "noise_negative_mass", "logit_top1")
 SECONDARY_TEXT = ("loss", "ar_hit_loss", "others_loss")
 
 
@@ -34,11 +34,24 @@ def _signed(x: float) -> str:
 
 
 def _diff(p: dict | None) -> str:
+  """A paired entry: the mean difference (a bound when censored runs enter it; a t interval only
+  for inferential, uncensored metrics), n, and p with its Holm-adjusted p unless descriptive."""
   if not p or p["n"] == 0:
     return "-"
-  ci = "" if math.isnan(p["ci95_low"]) else f" [{_signed(p['ci95_low'])}, {_signed(p['ci95_high'])}]"
-  return (f"{_signed(p['mean_diff'])}{ci}, p={_num(p['p'])}, "
-          f"p_holm={_num(p.get('p_holm', math.nan))} (n={p['n']})")
+  inferential = p.get("family", "primary") != "descriptive"
+  if p.get("censored"):
+    mean = ("not bounded (censored on both sides)" if p["bound"] == "undetermined" else
+            f"{p['bound'] or ''} {_signed(p['mean_diff'])}".strip())
+    text = (f"{mean} (n={p['n']}; determined {p['n_determined']}: {p['earlier']} earlier, "
+            f"{p['later']} later, {p['tied']} tied)")
+  else:
+    ci = ("" if not inferential or math.isnan(p["ci95_low"]) else
+          f" [{_signed(p['ci95_low'])}, {_signed(p['ci95_high'])}]")
+    text = f"{_signed(p['mean_diff'])}{ci} (n={p['n']})"
+  if not inferential:
+    return text
+  test = "sign test" if p.get("censored") else "sign-flip"
+  return f"{text}, {test} p={_num(p['p'])}, p_holm={_num(p.get('p_holm', math.nan))}"
 
 
 def _table(header: list[str], rows: list[list]) -> list[str]:
@@ -54,18 +67,75 @@ def _at(metric: str, size: str) -> str:
   return f"{metric}@{size}" if size else metric
 
 
+def _warnings(result: dict) -> list[str]:
+  """The report's first lines: what limits every reading below."""
+  info, grid = result["study"], result["lr_grid"]
+  design = info.get("design", {})
+  lines = []
+  if info.get("exploratory"):
+    primary = design.get("primary", {})
+    lines.append(f"**Exploratory**: the primary family ({primary.get('comparisons')} "
+                 f"comparisons, Holm) can reach p = {_num(primary.get('smallest_p'), 4)} at best "
+                 f"with {len(info['seeds'])} seeds (it needs {primary.get('seeds_needed')}); "
+                 "nothing below can be a finding.")
+  decisions = (grid or {}).get("decisions", {})
+  untuned = [c for c, d in decisions.items() if d["untuned"]]
+  if untuned:
+    lines.append(f"**Untuned**: {', '.join(untuned)}: every grid run stayed at or below the best "
+                 "shortcut, so comparisons with it are against a model that never learned the "
+                 "task at any lr tried.")
+  loose = [c for c, d in decisions.items()
+           if d["chosen"] is not None and not d["bracketed"] and d.get("complete", True)]
+  pending = [c for c, d in decisions.items() if not d.get("complete", True)]
+  if pending:
+    lines.append(f"**Grid not finished**: {', '.join(pending)}: the lr below is provisional.")
+  if loose:
+    lines.append(f"**Not bracketed**: {', '.join(loose)}: the chosen lr is at an end of the grid "
+                 "(after extending it); its best lr may lie beyond.")
+  return [x for line in lines for x in (line, "")]
+
+
+def _how_to_read(info: dict) -> list[str]:
+  design, n = info.get("design", {}), len(info["seeds"])
+  def family(name: str, what: str) -> str:
+    d = design.get(name, {})
+    if not d.get("comparisons"):
+      return ""
+    reach = (f"can reach p = {_num(d['smallest_p'], 4)} after Holm" if d["can_resolve"] else
+             f"cannot reach p < 0.05 after Holm (smallest {_num(d['smallest_p'], 4)}; it needs "
+             f"{d['seeds_needed']} seeds), so it is read as descriptive")
+    return f"- **{what}** ({d['comparisons']} comparisons, Holm within the family): {reach}.\n"
+  secondary = ", ".join(f"`{m}`" for m in info.get("secondary", [])) or "none"
+  lines = ["## How to read this", "",
+           f"- **Primary metric, named before the run: `{info['primary']}`.** Pre-named "
+           f"secondary metrics: {secondary}. Every other metric is **descriptive**: a mean "
+           "difference with its n, no p.",
+           (family("primary", "Primary family") + family("secondary", "Secondary family")).rstrip(),
+           f"- p: an exact paired test over the {n} seeds (a sign-flip test; for a time censored "
+           "at the budget, a sign test on the pairs whose order is determined). A mean "
+           "difference that involves censored runs is a bound ('<=' or '>='), or not bounded; "
+           "it never gets a t interval. 'Not resolved' means the data do not separate the "
+           "variants, not that they are equal."]
+  if info.get("stop_at_level"):
+    lines.append(f"- Each compared and grid run stopped once it reached {info['stop_at_level']} "
+                 "held-out accuracy on the trained slice; its other metrics are measured at that "
+                 "step (at the budget for runs that never reached it).")
+  return lines + [""]
+
+
 def _header(result: dict) -> list[str]:
   info = result["study"]
   minutes = sum(r["train_seconds"] for r in result["runs"]
                 if r["train_seconds"] is not None and math.isfinite(r["train_seconds"])) / 60
   setting = (f"Task `{info['task']}` {info.get('task_params', '')}" if "task_params" in info
              else f"Text corpus `{info['task']}`, sizes {info['sizes']}")
-  lines = [f"# Study {info['name']}", "", info["description"], "",
-           f"{setting}; seq_len {info['seq_len']}; {info['steps']} steps of {info['batch']} rows; "
-           f"seeds {info['seeds']} (the same data order for every variant per seed).", "",
-           f"Command: `{info['command']}`", "",
-           f"Wall time of this invocation: {info['wall_seconds'] / 60:.1f} min on "
-           f"{info['machine']}; the runs' own training time, summed: {minutes:.1f} min."]
+  lines = [f"# Study {info['name']}", ""] + _warnings(result) + [
+      info["description"], "",
+      f"{setting}; seq_len {info['seq_len']}; budget {info['steps']} steps of {info['batch']} "
+      f"rows; seeds {info['seeds']} (the same data order for every variant per seed).", "",
+      f"Command: `{info['command']}`", "",
+      f"Wall time of this invocation: {info['wall_seconds'] / 60:.1f} min on "
+      f"{info['machine']}; the runs' own training time, summed: {minutes:.1f} min."]
   calls = info.get("invocations") or []
   if len(calls) > 1:  # a resumed study: finished runs were skipped by the later invocations
     lines += ["Invocations on this root, in order: " + "; ".join(
@@ -73,36 +143,41 @@ def _header(result: dict) -> list[str]:
   lines += [""]
   if result["missing"]:
     lines += [f"**Not in the tables** (failed or unfinished): {', '.join(result['missing'])}.", ""]
-  n = len(info["seeds"])
-  lines += ["## How to read this", "",
-            f"- **Primary metric, named before the run: `{info['primary']}`.** Everything else "
-            "is secondary; its p values are Holm-adjusted over all secondary entries together.",
-            f"- p is an exact paired sign-flip test over seeds. With n = {n} pairs the smallest "
-            f"two-sided p is {info['min_p']:.4f}: "
-            + ("no comparison here can reach p < 0.05, whatever the data."
-               if info["min_p"] >= 0.05 else "only a difference of the same sign on (nearly) "
-               "every seed can reach p < 0.05.")
-            + " A 95% t interval that excludes 0 leans on normality that n this small cannot "
-            "check. 'Not resolved' means the data do not separate the variants, not that they "
-            "are equal.", ""]
-  return lines
+  return lines + _how_to_read(info)
+
+
+def _grid_cell(cell: dict | None, budget: int) -> str:
+  if cell is None:
+    return "-"
+  if cell.get("failed"):
+    return "failed"
+  if "steps" in cell:
+    return f"{cell['steps']:.0f}" if cell["reached"] else f">{budget} ({_num(cell['val_accuracy'], 2)})"
+  return _num(cell["final_loss"], 4)
 
 
 def _lr_grid(result: dict) -> list[str]:
   grid = result["lr_grid"]
   if not grid:
     return ["Every variant trained at its preset's learning rate (no grid).", ""]
-  rows = [[cell] + [_num(x, 4) if x is not None else "failed" for x in losses] +
-          [grid["chosen"].get(cell)] for cell, losses in grid["val_loss"].items()]
-  edge = [cell for cell, lr in grid["chosen"].items()
-          if lr is not None and lr in (min(grid["lrs"]), max(grid["lrs"]))]
-  note = ([f"At the edge of the grid: {', '.join(edge)}. Its best lr may lie beyond the grid, so "
-           "its comparison is at the best lr tried, not at a bracketed optimum.", ""]
-          if edge else ["Every chosen lr is inside the grid.", ""])
-  return ([f"## Learning rate per variant ({grid['steps']}-step runs, seed {grid['seed']}, "
-           "which no compared run uses; final validation loss)", ""] +
-          _table(["variant"] + [f"lr {lr:g}" for lr in grid["lrs"]] + ["chosen"], rows) + [""] +
-          note)
+  lrs = sorted({float(lr) for table in grid["table"].values() for lr in table})
+  rows = []
+  for cell, table in grid["table"].items():
+    d = grid["decisions"][cell]
+    for seed in map(str, grid["seeds"]):
+      rows.append([cell, seed] + [_grid_cell(table.get(f"{lr:g}", {}).get(seed), grid["steps"])
+                                  for lr in lrs] +
+                  [f"{d['chosen']:g}" if d["chosen"] else "none",
+                   "yes" if d["bracketed"] else "pending" if not d.get("complete", True)
+                   else "**not bracketed**",
+                   "**untuned**" if d["untuned"] else "no"])
+  what = ("steps to reach the level (>budget: never, with the final accuracy)"
+          if grid["metric"].startswith("steps_to") else "final validation loss")
+  return ([f"## Learning rate per variant ({grid['steps']}-step budget, grid seeds "
+           f"{grid['seeds']}, which no compared run uses; judged by `{grid['metric']}`)", "",
+           f"Each cell: {what}; '-': not run (outside this variant's grid)."] + [""] +
+          _table(["variant", "seed"] + [f"lr {lr:g}" for lr in lrs] +
+                 ["chosen", "bracketed", "untuned"], rows) + [""])
 
 
 def _task_primary(result: dict) -> list[str]:
@@ -110,15 +185,19 @@ def _task_primary(result: dict) -> list[str]:
   primary = result["study"]["primary"]
   rows = []
   for v, s in summary.items():
+    bound = s.get("steps_to_90_bound")
+    mean = _pm(s.get("steps_to_90"))
     rows.append([v, s.get("reached_90", "-"), _num(s.get("steps_to_90_median") or math.inf),
-                 _pm(s.get("steps_to_90")), s.get("still_rising", "-"),
+                 f"{bound} {mean}" if bound else mean, s.get("still_rising", "-"),
                  _diff(compared.get(v, {}).get(primary)) if v != BASELINE else "baseline"])
   return (["## Primary: steps to 0.9 held-out accuracy on the trained slice", ""] +
           _table(["variant", "reached 0.9", "median steps (Kaplan-Meier; inf: not reached)",
-                  "mean steps (censored at the budget)", "still rising over the last 20%",
-                  "paired difference vs Transformer"], rows) +
-          ["", "A run that never reached 0.9 counts at its last step (censored, a lower bound), "
-           "never dropped; so a difference involving such a run is a bound on the true one.", ""])
+                  "mean steps ('>=': censored runs counted at their last step)",
+                  "still rising over the last 20%", "paired difference vs Transformer"], rows) +
+          ["", "A run that never reached 0.9 is censored at its last step, never dropped. A pair is "
+           "earlier or later when its order is known, undetermined when not (both censored); p is "
+           "a sign test on the determined pairs, and a mean difference involving censored runs "
+           "is a bound, or not bounded.", ""])
 
 
 def _task_slices(result: dict, root: Path) -> list[str]:
@@ -147,14 +226,28 @@ def _task_slices(result: dict, root: Path) -> list[str]:
 
 
 def _secondary(result: dict, metrics: list[str]) -> list[str]:
+  """The pre-named secondary family (with p and Holm), then every other metric (descriptive)."""
   compared = result["paired"]
   if not compared:
     return []
-  rows = [[m] + [_diff(compared[v].get(m)) for v in compared] for m in metrics
-          if any(m in compared[v] for v in compared)]
-  return (["## Secondary: paired difference vs the Transformer (same seed)", "",
-           "mean [95% t interval], exact sign-flip p, Holm-adjusted p over every secondary entry.",
-           ""] + _table(["metric"] + list(compared), rows) + [""])
+  def rows(family: str) -> list[list]:
+    return [[m] + [_diff(compared[v].get(m)) for v in compared] for m in metrics
+            if any(compared[v].get(m, {}).get("family") == family for v in compared)]
+  design = result["study"].get("design", {}).get("secondary", {})
+  named = rows("secondary")
+  lines = []
+  if named:
+    why = ("" if design.get("can_resolve") else
+           f" This family cannot reach p < 0.05 after Holm at {len(result['study']['seeds'])} "
+           f"seeds (it needs {design.get('seeds_needed')}): read it as descriptive.")
+    lines += (["## Pre-named secondary metrics: paired difference vs the Transformer", "",
+               "mean [95% t interval] (n), exact p, Holm-adjusted p within this family." + why,
+               ""] + _table(["metric"] + list(compared), named) + [""])
+  lines += (["## Descriptive: paired difference vs the Transformer (no p)", "",
+             "Mean difference over seeds (n). Not tested: a pattern here is a question for "
+             "a study that names it in advance, not a finding.", ""] +
+            _table(["metric"] + list(compared), rows("descriptive")) + [""])
+  return lines
 
 
 def _speed_notes(result: dict) -> list[str]:
@@ -183,7 +276,9 @@ def _text_tables(result: dict, root: Path) -> list[str]:
 
 def write(result: dict, root: Path) -> Path:
   lines = _header(result) + _lr_grid(result)
-  if "task_params" in result["study"]:
+  if not result["runs"]:
+    lines += ["No compared run has finished yet.", ""]
+  elif "task_params" in result["study"]:
     slices = [f"accuracy:{s}" for s in result["runs"][0]["accuracy"]]
     lines += _task_primary(result) + _speed_notes(result) + _task_slices(result, root)
     lines += _secondary(result, [m for m in SECONDARY_TASK + tuple(slices)

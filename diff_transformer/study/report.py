@@ -12,7 +12,8 @@ from pathlib import Path
 from diff_transformer.data import synthetic
 from diff_transformer.evaluation import floors
 from diff_transformer.study.definition import BASELINE, Study
-from diff_transformer.study.stats import censored_median, holm, min_p, paired, summarize
+from diff_transformer.study.stats import (censored_median, holm, min_p, paired, paired_censored,
+                                          summarize)
 
 TASK_SCALARS = ("final_loss", "val_accuracy", "steps_to_90", "first_query_accuracy",
                 "answer_share", "distractor_share", "noise_share", "abs_answer_share",
@@ -25,6 +26,8 @@ def metric_values(run: dict) -> dict[str, float]:
   sizes."""
   scalars = TASK_SCALARS if "accuracy" in run else TEXT_SCALARS
   out = {k: run[k] for k in scalars if run.get(k) is not None}
+  if "negative_by_span" in run:  # anti-attention on the noise span alone (not every span's sum)
+    out["noise_negative_mass"] = run["negative_by_span"]["noise"]
   out.update({f"accuracy:{k}": v for k, v in run.get("accuracy", {}).items()})
   return {f"{k}@{run['size']}" if run["size"] else k: v for k, v in out.items()}
 
@@ -47,15 +50,34 @@ def censoring(runs: list[dict], variant: str) -> dict:
   mine = [r for r in runs if r["variant"] == variant and "reached_90" in r]
   if mine:
     median = censored_median([r["steps_to_90"] for r in mine], [r["reached_90"] for r in mine])
+    censored = sum(not r["reached_90"] for r in mine)
+    # A mean over censored times counts them at their last step: a lower bound on the true mean.
     out.update(reached_90=f"{sum(r['reached_90'] for r in mine)}/{len(mine)}",
-               steps_to_90_median=median if math.isfinite(median) else None)
+               steps_to_90_median=median if math.isfinite(median) else None,
+               steps_to_90_censored=censored, steps_to_90_bound=">=" if censored else None)
   return out
 
 
+CENSORED = {"steps_to_90": "reached_90"}  # a time censored at the budget -> its event flag
+
+
+def _censored_by_seed(runs: list[dict], variant: str, metric: str) -> dict[int, tuple]:
+  return {r["seed"]: (r[metric], bool(r[CENSORED[metric]])) for r in runs
+          if r["variant"] == variant and r.get(metric) is not None}
+
+
+def family(study: Study, metric: str) -> str:
+  """'primary', 'secondary' (pre-named) or 'descriptive' (no p is reported)."""
+  if metric == study.primary:
+    return "primary"
+  return "secondary" if metric in study.secondary else "descriptive"
+
+
 def compare(study: Study, runs: list[dict]) -> dict:
-  """paired[variant][metric] = {mean_diff, ci95_low, ci95_high, p, p_holm, n} against the
-  Transformer on the same seeds; Holm over the primary family (one entry per variant) and,
-  separately, over every secondary (variant, metric) entry."""
+  """paired[variant][metric] against the Transformer on the same seeds: {mean_diff, ci95_low,
+  ci95_high, p, n} (a censored time: {mean_diff, bound, n, n_determined, earlier, later, p});
+  p_holm within the primary family (one entry per variant) and within the pre-named secondary
+  family; descriptive metrics carry no p."""
   variants = [v for v in study.variants if v != BASELINE and any(r["variant"] == v for r in runs)]
   if not any(r["variant"] == BASELINE for r in runs):
     return {}
@@ -64,11 +86,20 @@ def compare(study: Study, runs: list[dict]) -> dict:
   for v in variants:
     mine = _by_seed(runs, v)
     names = sorted({k for x in list(mine.values()) + list(base.values()) for k in x})
-    out[v] = {m: paired({s: x.get(m, math.nan) for s, x in mine.items()},
-                        {s: x.get(m, math.nan) for s, x in base.items()}) for m in names}
-  for family in (True, False):
+    out[v] = {}
+    for m in names:
+      if m.split("@")[0] in CENSORED:
+        entry = paired_censored(_censored_by_seed(runs, v, m), _censored_by_seed(runs, BASELINE, m))
+      else:
+        entry = paired({s: x.get(m, math.nan) for s, x in mine.items()},
+                       {s: x.get(m, math.nan) for s, x in base.items()})
+      entry["family"] = family(study, m)
+      if entry["family"] == "descriptive":
+        entry["p"] = math.nan
+      out[v][m] = entry
+  for name in ("primary", "secondary"):
     ps = {(v, m): e["p"] for v, table in out.items() for m, e in table.items()
-          if (m == study.primary) == family}
+          if e["family"] == name}
     for (v, m), p in holm(ps).items():
       out[v][m]["p_holm"] = p
   return out
@@ -88,6 +119,8 @@ def build(study: Study, runs: list[dict], grid: dict, missing: list[str],
   config = study.get_config(study.points()[0])
   info = dict(name=study.name, description=study.description, variants=list(study.variants),
               seeds=list(study.seeds), sizes=list(study.sizes), primary=study.primary,
+              secondary=list(study.secondary), exploratory=study.exploratory,
+              design=study.design(), stop_at_level=study.stop_at_level and study.level,
               min_p=min_p(len(study.seeds)), task=config.data.name,
               seq_len=config.data.seq_len, steps=config.train.steps,
               batch=config.train.global_batch_size, overrides=dict(study.overrides),

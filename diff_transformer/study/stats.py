@@ -14,6 +14,8 @@ import math
 import numpy as np
 from scipy import stats as scipy_stats
 
+ALPHA = 0.05
+
 
 def summarize(values: list[float]) -> dict:
   """{"mean", "std" (sample, ddof 1; nan for one value), "n"} over the finite values."""
@@ -38,6 +40,16 @@ def sign_flip_p(d: list[float] | np.ndarray) -> float:
 def min_p(n: int) -> float:
   """The smallest two-sided p the sign-flip test can give with n pairs."""
   return 2.0 / 2 ** n if n else math.nan
+
+
+def smallest_holm_p(comparisons: int, seeds: int) -> float:
+  """The smallest Holm-adjusted p a family of `comparisons` exact paired tests can reach with
+  `seeds` pairs each: the smallest single p times the family size."""
+  return min(1.0, comparisons * min_p(seeds)) if comparisons and seeds else math.nan
+
+
+def seeds_needed(comparisons: int) -> int:
+  return next(n for n in range(1, 64) if smallest_holm_p(comparisons, n) < ALPHA)
 
 
 def holm(ps: dict) -> dict:
@@ -78,3 +90,41 @@ def censored_median(times: list[float], reached: list[bool]) -> float:
         return float(t)
     alive -= 1
   return math.inf
+
+
+def sign_test_p(earlier: int, later: int) -> float:
+  """Exact two-sided sign test on the determined, untied pairs (nan for none)."""
+  n = earlier + later
+  return float(scipy_stats.binomtest(earlier, n, 0.5).pvalue) if n else math.nan
+
+
+def paired_censored(variant: dict[int, tuple[float, bool]], baseline: dict[int, tuple[float, bool]]
+                    ) -> dict:
+  """Per-seed comparison of times censored at a budget ({seed: (time, reached)}; a run that never
+  reached the level has time = its last step, a lower bound on when it would have).
+
+  Each pair is earlier (the variant reached the level first, or the baseline never did by the
+  variant's time), later, tied, or undetermined (both censored, or one censored before the other's
+  time). p is an exact sign test on the determined untied pairs. The mean difference is exact only
+  when no pair is censored; when every censored pair bounds it from the same side it is that bound
+  ('<=' or '>='), otherwise it is not bounded ('undetermined'). No t interval for such a metric."""
+  seeds = sorted(variant.keys() & baseline.keys())
+  earlier = later = tied = 0
+  diffs, sides = [], set()
+  for s in seeds:
+    (tv, rv), (tb, rb) = variant[s], baseline[s]
+    diffs.append(tv - tb)
+    if rv and rb:
+      earlier, later, tied = earlier + (tv < tb), later + (tv > tb), tied + (tv == tb)
+    elif rv and tv <= tb:  # the baseline had not reached it by tv: the true difference is < tv - tb
+      earlier, sides = earlier + 1, sides | {"<="}
+    elif rb and tb <= tv:
+      later, sides = later + 1, sides | {">="}
+    else:
+      sides.add("undetermined")
+  n = len(seeds)
+  bound = None if not sides else (sides.pop() if len(sides) == 1 else "undetermined")
+  mean = float(np.mean(diffs)) if n else math.nan
+  return dict(mean_diff=mean if bound != "undetermined" else math.nan, bound=bound, n=n,
+              n_determined=earlier + later + tied, earlier=earlier, later=later, tied=tied,
+              p=sign_test_p(earlier, later), censored=True)

@@ -8,6 +8,7 @@ child to release its workdir, then resumes it.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import fcntl
 import os
@@ -16,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import IO, Callable
 
 from tqdm import tqdm
 
@@ -53,29 +55,64 @@ def wait_for_workdir(workdir: str, seconds: float = LOCK_WAIT_S) -> None:
         time.sleep(0.2)
 
 
-def run_child(cmd: list[str], workdir: str) -> int:
-  """Runs one train.py to its end; if the driver is interrupted (Ctrl-C, or SIGTERM turned into
-  an exception by `stop_on_sigterm`), stops the child (it saves and exits) before re-raising."""
+def start_child(cmd: list[str], workdir: str, core: int | None = None
+                ) -> tuple[subprocess.Popen, IO]:
+  """Starts one train.py (after any dying child has left its workdir) logging to sweep.log,
+  pinned to one CPU core when `core` is given (XLA then sizes its thread pool to that core)."""
   wait_for_workdir(workdir)
-  with open(os.path.join(workdir, "sweep.log"), "a") as log:
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                            preexec_fn=_die_with_parent)
-    try:
-      return proc.wait()
-    except BaseException:
-      proc.send_signal(signal.SIGTERM)
-      proc.wait()
-      raise
+  def preexec() -> None:
+    _die_with_parent()
+    if core is not None:
+      os.sched_setaffinity(0, {core})
+  log = open(os.path.join(workdir, "sweep.log"), "a")
+  return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=preexec), log
+
+
+@contextlib.contextmanager
+def pinned(core: int | None):
+  """This process on one core for a while (a driver's own work beside a child on the other)."""
+  if core is None or not hasattr(os, "sched_setaffinity"):
+    yield
+    return
+  before = os.sched_getaffinity(0)
+  os.sched_setaffinity(0, {core})
+  try:
+    yield
+  finally:
+    os.sched_setaffinity(0, before)
+
+
+def cores_for(jobs: int) -> list[int | None]:
+  """One core per concurrent child (at most the cores this process may use); [None] (no
+  pinning: the child uses every core) for one job."""
+  if jobs <= 1 or not hasattr(os, "sched_getaffinity"):
+    return [None]
+  return sorted(os.sched_getaffinity(0))[:jobs]
+
+
+_STOPPED: list[int] = []  # SIGTERM received (the handler's exception can be swallowed, below)
+
+
+def _stopped() -> SweepError:
+  return SweepError("stopped by SIGTERM (a running point saves a checkpoint first); rerun the "
+                    "same command to resume")
 
 
 def stop_on_sigterm() -> None:
   """Makes SIGTERM to a driver (sweep.py, study.py) a one-line SweepError in its main thread,
-  after the running child has been stopped and has saved."""
+  after the running children have been stopped and have saved. Python drops an exception raised
+  while it runs a garbage-collection callback, so the request is also remembered and raised again
+  at the driver's next safe point (`raise_if_stopped`)."""
   def handler(signum, frame):
-    del signum, frame
-    raise SweepError("stopped by SIGTERM (a running point saves a checkpoint first); rerun the "
-                     "same command to resume")
+    del frame
+    _STOPPED.append(signum)
+    raise _stopped()
   signal.signal(signal.SIGTERM, handler)
+
+
+def raise_if_stopped() -> None:
+  if _STOPPED:
+    raise _stopped()
 
 
 def read_summary(workdir: str) -> dict | None:
@@ -86,8 +123,10 @@ def read_summary(workdir: str) -> dict | None:
 
 
 def finished(sweep: Sweep, point: str, workdir: str) -> bool:
+  """The run reached its last step, or stopped at its train.stop_at_val_accuracy level."""
   summary = read_summary(workdir)
-  return bool(summary) and summary.get("step", -1) >= sweep.get_config(point).train.steps
+  return bool(summary) and (summary.get("step", -1) >= sweep.get_config(point).train.steps or
+                            bool(summary.get("stopped_at_level")))
 
 
 def command(sweep_file: str, point: str, workdir: str, python: str = sys.executable) -> list[str]:
@@ -96,11 +135,11 @@ def command(sweep_file: str, point: str, workdir: str, python: str = sys.executa
 
 def run(sweep: Sweep, sweep_file: str, root: str, *, mode: str = "local", launcher: str = "",
         extra_args: tuple[str, ...] = (), points: list[str] | None = None,
-        point_args: dict[str, tuple[str, ...]] | None = None, keep_going: bool = False
-        ) -> dict[str, str]:
-  """Runs `points` (default: every point of the sweep; `point_args` adds flags per point).
-  Returns {point: 'skipped' | 'ran' | 'printed' | 'failed (exit N); see LOG'}; a failed local
-  run raises unless keep_going, which records it and goes on with the others."""
+        point_args: dict[str, tuple[str, ...]] | None = None, keep_going: bool = False,
+        jobs: int = 1, on_done: Callable[[str, str], None] | None = None) -> dict[str, str]:
+  """Runs `points` (default: every point of the sweep; `point_args` adds flags per point), up
+  to `jobs` at once. Returns {point: 'skipped' | 'ran' | 'printed' | 'failed (exit N); see
+  LOG'}; a failed local run raises unless keep_going, which records it and goes on."""
   sweep.validate()
   if mode not in ("local", "print"):
     raise SweepError(f"--mode: '{mode}' is not one of local, print")
@@ -120,15 +159,56 @@ def run(sweep: Sweep, sweep_file: str, root: str, *, mode: str = "local", launch
       print(f"{launcher} {shlex.quote(shlex.join(cmd))}" if launcher else shlex.join(cmd))
       status[point] = "printed"
     return status
-  for point, workdir in tqdm(todo, desc=f"sweep {sweep.name}", unit="run"):
-    os.makedirs(workdir, exist_ok=True)
-    returncode = run_child(command(sweep_file, point, workdir) + list(extra_args) +
-                           list(point_args.get(point, ())), workdir)
-    if returncode != 0:
-      failure = f"failed (exit {returncode}); see {os.path.join(workdir, 'sweep.log')}"
-      if not keep_going:
-        raise SweepError(f"sweep point {point} {failure}; rerun to resume it")
-      status[point] = failure
-      continue
-    status[point] = "ran"
+  _run_local(todo, lambda p, w: (command(sweep_file, p, w) + list(extra_args) +
+                                  list(point_args.get(p, ()))),
+             status, jobs=jobs, keep_going=keep_going, on_done=on_done, name=sweep.name)
   return status
+
+
+def _run_local(todo: list[tuple[str, str]], make_command: Callable[[str, str], list[str]],
+               status: dict[str, str], *, jobs: int, keep_going: bool,
+               on_done: Callable[[str, str], None] | None, name: str) -> None:
+  """Up to `jobs` children at once, each on its own core; `on_done(point, workdir)` runs in this
+  process, on the core a child just left, before the next child takes it. An interrupt stops
+  every running child (each saves) before it propagates."""
+  queue, free = list(todo), cores_for(jobs)
+  running: dict[int, tuple[subprocess.Popen, IO, str, str, int | None]] = {}
+  bar = tqdm(total=len(todo), desc=f"sweep {name}", unit="run")
+  try:
+    while queue or running:
+      raise_if_stopped()
+      while queue and free:
+        point, workdir = queue.pop(0)
+        os.makedirs(workdir, exist_ok=True)
+        core = free.pop(0)
+        proc, log = start_child(make_command(point, workdir), workdir, core)
+        running[proc.pid] = (proc, log, point, workdir, core)
+      pid, wait_status = os.wait()
+      if pid not in running:
+        continue
+      proc, log, point, workdir, core = running.pop(pid)
+      proc.returncode = os.waitstatus_to_exitcode(wait_status)
+      log.close()
+      bar.update()
+      if proc.returncode != 0:
+        failure = (f"failed (exit {proc.returncode}); see "
+                   f"{os.path.join(workdir, 'sweep.log')}")
+        if not keep_going:
+          raise SweepError(f"sweep point {point} {failure}; rerun to resume it")
+        status[point] = failure
+      else:
+        status[point] = "ran"
+        if on_done is not None:
+          with pinned(core):
+            on_done(point, workdir)
+          raise_if_stopped()
+      free.append(core)
+  except BaseException:
+    for proc, log, *_ in running.values():
+      proc.send_signal(signal.SIGTERM)
+    for proc, log, *_ in running.values():
+      proc.wait()
+      log.close()
+    raise
+  finally:
+    bar.close()

@@ -11,7 +11,6 @@ import dataclasses
 import json
 import math
 import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +26,9 @@ from diff_transformer.training import run_record
 from diff_transformer.training.checkpoint import Checkpointer
 from diff_transformer.training.guard import DivergenceGuard
 from diff_transformer.training.mesh import check_parallelism, global_batch, make_mesh
-from diff_transformer.training.metrics import (MetricsLogger, executed_flops_per_token,
-                                               expand_layers, train_flops_per_token)
+from diff_transformer.training.metrics import (MetricsLogger, RateWindow,
+                                               executed_flops_per_token, expand_layers,
+                                               train_flops_per_token)
 from diff_transformer.training.peak import peak_tflops_per_device
 from diff_transformer.training.step import Trainer
 from diff_transformer.training.stop import StopSignal, exit_now
@@ -152,34 +152,6 @@ def _open(config: ml_collections.ConfigDict, workdir: Path) -> _Run:
               resumed=found is not None, batch_change=batch_change)
 
 
-class RateWindow:
-  """Tokens/s, MFU and HFU over the training steps since the last reset: compilation (the first
-  step), evaluation and checkpoint saves are kept out of the rate."""
-
-  def __init__(self, tokens_per_step: int, model_flops_per_step: float,
-               executed_flops_per_step: float, peak_flops: float):
-    self.tokens, self.model_flops = tokens_per_step, model_flops_per_step
-    self.executed_flops, self.peak_flops = executed_flops_per_step, peak_flops
-    self.started: float | None = None
-    self.steps = 0
-    self.rates = dict(tokens_per_s=float("nan"), mfu=float("nan"), hfu=float("nan"))
-
-  def step(self) -> None:
-    self.steps += 1
-
-  def reset(self) -> None:
-    self.started, self.steps = time.perf_counter(), 0
-
-  def measure(self) -> dict:
-    """The rates over the window (the last ones if nothing was timed since)."""
-    if self.started is not None and self.steps:
-      seconds = (time.perf_counter() - self.started) / self.steps
-      self.rates = dict(tokens_per_s=self.tokens / seconds,
-                        mfu=self.model_flops / seconds / self.peak_flops,
-                        hfu=self.executed_flops / seconds / self.peak_flops)
-    return dict(self.rates)
-
-
 def _start_logging(run: _Run) -> tuple[MetricsLogger, RateWindow]:
   config, spec, t = run.config, run.trainer.spec, run.config.train
   seq_len = run.dataset.seq_len
@@ -265,6 +237,8 @@ def _steps(run: _Run, logger: MetricsLogger, window: RateWindow, stop: StopSigna
       logger.progress(step, val)
       summary.update(val)
       window.reset()
+      if t.stop_at_val_accuracy and val["val_accuracy"] >= t.stop_at_val_accuracy:
+        summary["stopped_at_level"] = last = True  # a finished run: saved, summary.json written
     stopping = stop.agreed(step % t.log_every == 0 or last or step % t.checkpoint_every == 0)
     if stopping or last or step % t.checkpoint_every == 0:
       if pending is not None:  # never save a NaN state
@@ -277,6 +251,8 @@ def _steps(run: _Run, logger: MetricsLogger, window: RateWindow, stop: StopSigna
       summary["stopped_by"] = stop.requested
       logger.print(f"{stop.requested}: saved checkpoint step {step} in "
                    f"{checkpointer.directory}; exiting")
+      break
+    if last:
       break
   summary["step"] = step
   return summary

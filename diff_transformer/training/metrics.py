@@ -149,3 +149,31 @@ def expand_layers(name: str, values) -> dict[str, float]:
   out.update({f"{name}/mean": float(values.mean()), f"{name}/min": float(values.min()),
               f"{name}/max": float(values.max())})
   return out
+
+
+class RateWindow:
+  """Tokens/s, MFU and HFU over the training steps since the last reset: compilation (the first
+  step), evaluation and checkpoint saves are kept out of the rate."""
+
+  def __init__(self, tokens_per_step: int, model_flops_per_step: float,
+               executed_flops_per_step: float, peak_flops: float):
+    self.tokens, self.model_flops = tokens_per_step, model_flops_per_step
+    self.executed_flops, self.peak_flops = executed_flops_per_step, peak_flops
+    self.started: float | None = None
+    self.steps = 0
+    self.rates = dict(tokens_per_s=float("nan"), mfu=float("nan"), hfu=float("nan"))
+
+  def step(self) -> None:
+    self.steps += 1
+
+  def reset(self) -> None:
+    self.started, self.steps = time.perf_counter(), 0
+
+  def measure(self) -> dict:
+    """The rates over the window (the last ones if nothing was timed since)."""
+    if self.started is not None and self.steps:
+      seconds = (time.perf_counter() - self.started) / self.steps
+      self.rates = dict(tokens_per_s=self.tokens / seconds,
+                        mfu=self.model_flops / seconds / self.peak_flops,
+                        hfu=self.executed_flops / seconds / self.peak_flops)
+    return dict(self.rates)

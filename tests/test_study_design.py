@@ -1,0 +1,201 @@
+"""A study's evidence rules on hand tables: censored times compared as bounds with a sign test on
+the determined pairs, the design check before any run, the lr grid judged by the primary and
+bracketed, still_rising by headroom, and a study rebuilt from its run records alone."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+from scipy import stats as scipy_stats
+
+from diff_transformer import cli
+from diff_transformer.errors import UserError, message_lines
+from diff_transformer.study import grid as lr_grid
+from diff_transformer.study import markdown, records, report, runner
+from diff_transformer.study.stats import paired_censored, seeds_needed, smallest_holm_p
+
+ROOT = Path(__file__).resolve().parents[1]
+RETRIEVAL = ROOT / "configs/studies/retrieval.py"
+
+
+def retrieval():
+  return cli.load_definition(str(RETRIEVAL), "study", "STUDY")
+
+
+def test_censored_pairs_are_bounds_with_a_sign_test_on_the_determined_pairs():
+  budget = 600.0
+  base = {0: (budget, False), 1: (400.0, True), 2: (budget, False), 3: (500.0, True),
+          4: (budget, False), 5: (300.0, True)}
+  # seed 0: variant 350 while the baseline never got there by 600: earlier, d < 350 - 600.
+  # seed 1: both reached: 300 - 400, earlier. seed 2: both censored: undetermined.
+  # seed 3: both reached, 550 - 500: later. seed 4: variant 200 vs censored: earlier.
+  # seed 5: the variant never reached it by 600, the baseline did at 300: later, d > 300.
+  variant = {0: (350.0, True), 1: (300.0, True), 2: (budget, False), 3: (550.0, True),
+             4: (200.0, True), 5: (budget, False)}
+  got = paired_censored(variant, base)
+  assert (got["n"], got["n_determined"], got["earlier"], got["later"]) == (6, 5, 3, 2)
+  assert got["p"] == pytest.approx(scipy_stats.binomtest(3, 5, 0.5).pvalue)
+  assert got["bound"] == "undetermined" and math.isnan(got["mean_diff"])  # bounds on both sides
+  # Only upper bounds (the baseline censored, the variant not): the mean is '<=' its value.
+  one_sided = paired_censored({s: variant[s] for s in (0, 1, 4)}, {s: base[s] for s in (0, 1, 4)})
+  assert one_sided["bound"] == "<=" and one_sided["earlier"] == 3
+  assert one_sided["mean_diff"] == pytest.approx(((350 - 600) + (300 - 400) + (200 - 600)) / 3)
+  assert one_sided["p"] == pytest.approx(0.25)  # 3 of 3 earlier: 2 / 2^3
+  exact = paired_censored({1: (300.0, True), 3: (550.0, True)}, {1: (400.0, True), 3: (500.0, True)})
+  assert exact["bound"] is None and exact["mean_diff"] == pytest.approx(-25.0)
+  # A censored entry is printed as a bound with n and n_determined, never with a t interval.
+  entry = dict(one_sided, family="primary", p_holm=0.5)
+  text = markdown._diff(entry)
+  assert text.startswith("<= -250") and "determined 3" in text and "[" not in text
+  assert "not bounded" in markdown._diff(dict(got, family="primary", p_holm=1.0))
+
+
+def test_report_compares_a_censored_primary_by_sign_test_and_leaves_others_descriptive():
+  study = dataclasses.replace(retrieval(), variants=("transformer", "diff"), seeds=(0, 1, 2))
+  runs = []
+  for seed, (tb, rb, tv, rv) in enumerate([(600, False, 350, True), (500, True, 300, True),
+                                           (600, False, 600, False)]):
+    for v, t, r in (("transformer", tb, rb), ("diff", tv, rv)):
+      runs.append(dict(variant=v, size="", seed=seed, steps_to_90=float(t), reached_90=r,
+                       final_loss=1.0 + seed + (v == "diff"), noise_share=0.1 * seed,
+                       accuracy={"keys=4,len=192": 0.5}))
+  compared = report.compare(study, runs)["diff"]
+  primary = compared["steps_to_90"]
+  assert primary["family"] == "primary" and primary["censored"] and primary["n_determined"] == 2
+  assert primary["p"] == pytest.approx(0.5) and primary["p_holm"] == pytest.approx(0.5)
+  assert compared["noise_share"]["family"] == "secondary" and not math.isnan(
+      compared["noise_share"]["p_holm"])
+  assert compared["final_loss"]["family"] == "descriptive" and math.isnan(compared["final_loss"]["p"])
+  assert "p=" not in markdown._diff(compared["final_loss"])
+
+
+def test_the_design_check_refuses_what_cannot_conclude_and_names_the_seeds_needed():
+  assert smallest_holm_p(3, 5) == pytest.approx(3 * 2 / 32) and seeds_needed(3) == 7
+  assert seeds_needed(6) == 8  # the retrieval study's two secondaries x 3 variants
+  five = retrieval().with_options(seeds="0,1,2,3,4")
+  with pytest.raises(UserError) as e:
+    five.validate()
+  assert len(message_lines(e.value)) == 1
+  assert "cannot reach p < 0.05 with 5 seeds" in str(e.value) and "needs 7 seeds" in str(e.value)
+  study = retrieval().validate()
+  assert len(study.seeds) >= 8 and all(d["can_resolve"] for d in study.design().values())
+  exploratory = retrieval().with_options(seeds="0,1,2,3,4", exploratory=True).validate()
+  result = dict(study=dict(exploratory=True, design=exploratory.design(),
+                           seeds=list(exploratory.seeds)), lr_grid={})
+  first = markdown._warnings(result)[0]
+  assert first.startswith("**Exploratory**") and "needs 7" in first
+
+
+def _grid_record(lr: float, seed: int, reached: bool, steps: float, acc: float, budget: int = 100,
+                 failed: str = "") -> dict:
+  if failed:
+    return dict(lr=lr, seed=seed, budget=budget, failed=failed)
+  return dict(lr=lr, seed=seed, budget=budget, reached=reached, steps_to_level=steps,
+              final_loss=1.0 - acc, val_accuracy=acc)
+
+
+def test_the_grid_is_judged_by_the_primary_and_grows_until_bracketed():
+  study = dataclasses.replace(retrieval(), variants=("transformer", "diff"),
+                              lr_grid=(2e-3, 3e-3, 4.5e-3), lr_grid_seeds=(1000, 1001),
+                              lr_grid_extend=2)
+  # diff improves with every larger lr up to 1.01e-2 and diverges beyond; the transformer never
+  # leaves the floor (0.3) at any lr.
+  def outcome(cell: str, lr: float, seed: int) -> dict:
+    if cell == "transformer":
+      return _grid_record(lr, seed, False, 100.0, 0.30)
+    if lr > 0.011:
+      return _grid_record(lr, seed, False, 100.0, 0.0, failed="diverged")
+    return _grid_record(lr, seed, True, 100.0 - 5000 * lr, 0.95)
+  asked = []
+  def run_points(points: list[str]) -> dict[str, dict]:
+    asked.append(points)
+    out = {}
+    for p in points:
+      parsed = study.parse(p)
+      out[p] = outcome(parsed.variant, parsed.lr, parsed.seed)
+    return out
+  got = lr_grid.tune(study, run_points, floor=0.38)
+  diff, transformer = got["decisions"]["diff"], got["decisions"]["transformer"]
+  # 4.5e-3 is the top: the grid grew to 6.75e-3, then 1.01e-2 (the cap of 2 above), still the top.
+  assert sorted(float(x) for x in got["table"]["diff"]) == [2e-3, 3e-3, 4.5e-3, 6.75e-3, 1.01e-2]
+  assert diff["chosen"] == pytest.approx(1.01e-2) and not diff["bracketed"]
+  assert transformer["untuned"] and not diff["untuned"]
+  assert len(asked) == 3
+  # With room for one more point above, the diverged 1.52e-2 brackets it from above.
+  study = dataclasses.replace(study, lr_grid_extend=3)
+  got = lr_grid.tune(study, run_points, floor=0.38)
+  assert got["decisions"]["diff"]["bracketed"] and got["chosen"]["diff"] == pytest.approx(1.01e-2)
+  # An lr in the middle is bracketed at once; ties go to the smaller lr.
+  mid = {2e-3: [_grid_record(2e-3, 0, True, 80.0, 0.95)], 3e-3: [_grid_record(3e-3, 0, True, 50.0, 0.95)],
+         4.5e-3: [_grid_record(4.5e-3, 0, True, 50.0, 0.95)]}
+  decided = lr_grid.decide(study, mid, floor=0.38)
+  assert decided["chosen"] == 3e-3 and decided["bracketed"] and decided["extend"] is None
+  # More runs reaching the level beats fewer steps.
+  split = {2e-3: [_grid_record(2e-3, 0, True, 90.0, 0.95), _grid_record(2e-3, 1, True, 95.0, 0.95)],
+           3e-3: [_grid_record(3e-3, 0, True, 20.0, 0.95), _grid_record(3e-3, 1, False, 100.0, 0.5)]}
+  assert lr_grid.decide(study, split, floor=0.38)["chosen"] == 2e-3
+
+
+def test_still_rising_counts_the_headroom_and_the_level():
+  nearly_done = [(800, 0.98), (1000, 0.997)]  # rose 0.017 but had only 0.02 left
+  assert not runner.still_rising(nearly_done, ceiling=1.0)
+  assert runner.still_rising([(800, 0.60), (1000, 0.70)], ceiling=1.0)
+  assert not runner.still_rising([(800, 0.50), (1000, 0.52)], ceiling=1.0)  # 4% of the headroom
+  assert not runner.still_rising([(800, 0.80), (1000, 0.91)], ceiling=1.0, level=0.9)
+  assert runner.still_rising([(800, 0.80), (1000, 0.89)], ceiling=1.0, level=0.9)
+  assert runner.still_rising([(800, -2.0), (1000, -1.9)])  # a loss still falling: no ceiling
+
+
+def test_a_record_is_reused_only_for_its_setting(tmp_path):
+  study = retrieval()
+  config = study.resolved_config("diff-s0", 3e-3)
+  records.write(tmp_path, "diff-s0", dict(variant="diff", seed=0), config)
+  assert records.read(tmp_path, "diff-s0", config)["variant"] == "diff"
+  assert records.read(tmp_path, "diff-s0", study.resolved_config("diff-s0", 4.5e-3)) is None
+  other = study.with_options(sets=("data.task.num_keys=6",)).resolved_config("diff-s0", 3e-3)
+  assert records.read(tmp_path, "diff-s0", other) is None
+  cadence = study.resolved_config("diff-s0", 3e-3)
+  cadence.train.log_every = 7  # logging cadence does not change the result
+  assert records.read(tmp_path, "diff-s0", cadence) is not None
+  # A workdir trained under another setting is refused in one line naming the keys.
+  (tmp_path / "w").mkdir()
+  (tmp_path / "w" / "config.json").write_text(config.to_json_best_effort())
+  records.check_workdir(tmp_path / "w", "diff-s0", config)
+  with pytest.raises(UserError) as e:
+    records.check_workdir(tmp_path / "w", "diff-s0", other)
+  assert len(message_lines(e.value)) == 1 and "data.task.num_keys 4 -> 6" in str(e.value)
+
+
+MACHINE_PATH = re.compile(r"(/root/|/home/|/work/|/tmp/|/Users/|[A-Z]:\\\\)")
+
+
+def test_committed_results_name_no_machine_paths():
+  found = []
+  for path in (ROOT / "docs/results").rglob("*"):
+    if path.suffix in (".json", ".jsonl", ".md") and MACHINE_PATH.search(path.read_text()):
+      found.append(str(path.relative_to(ROOT)))
+  assert not found, found
+
+
+def test_the_committed_retrieval_study_is_a_design_that_can_conclude():
+  """docs/results/study_retrieval/: >= 8 seeds, not exploratory, an lr per variant that is
+  bracketed or reported as not bracketed (or its grid as unfinished), n_determined for the
+  censored primary, and the records it was built from."""
+  folder = ROOT / "docs/results/study_retrieval"
+  data = json.loads((folder / "study.json").read_text())
+  text = (folder / "report.md").read_text()
+  assert len(data["study"]["seeds"]) >= 8 and not data["study"]["exploratory"]
+  assert data["study"]["design"]["primary"]["can_resolve"]
+  for cell, decision in data["lr_grid"]["decisions"].items():
+    if not decision["bracketed"]:
+      flag = "**Not bracketed**" if decision.get("complete", True) else "**Grid not finished**"
+      line = next(l for l in text.splitlines() if l.startswith(flag))
+      assert cell in line, (cell, flag)
+  for variant, table in data["paired"].items():
+    assert table["steps_to_90"]["n_determined"] <= table["steps_to_90"]["n"], variant
+  recorded = {p.stem for p in (folder / "records").glob("*.json")}
+  assert {r["point"] for r in data["runs"]} <= recorded
