@@ -44,6 +44,8 @@ def run_one(config, topology: str, per_device_batch: int) -> dict:
 def main(argv):
   del argv
   config = cli.load_config()
+  if FLAGS.out:
+    cli.creatable(os.path.dirname(FLAGS.out) or ".", "--out")
   rows = []
   if FLAGS.all_presets:
     for size in scaling.NOMINAL:  # the Table 10 rows

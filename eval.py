@@ -11,7 +11,6 @@ from diff_transformer import cli
 
 cli.default_platform()
 
-from pathlib import Path  # noqa: E402
 
 import ml_collections  # noqa: E402
 from absl import flags, logging  # noqa: E402
@@ -78,7 +77,8 @@ def _mesh():
 def main(argv):
   logging.set_verbosity(logging.WARNING)  # orbax logs every restore detail at INFO
   if FLAGS.compare:
-    path = report.compare(argv[1:], Path(FLAGS.compare_dir) if FLAGS.compare_dir else None)
+    out = cli.output_dir(FLAGS.compare_dir, "--compare_dir") if FLAGS.compare_dir else None
+    path = report.compare(argv[1:], out)
     print(f"Comparison written to {path}")
     return
   if len(argv) > 1:

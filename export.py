@@ -27,6 +27,7 @@ def main(argv):
   del argv
   from absl import logging
   logging.set_verbosity(logging.ERROR)  # orbax warns about read-only restores
+  cli.creatable(FLAGS.out, "--out")
   summary = export_run(FLAGS.workdir, FLAGS.out, FLAGS.step)
   print(f"Exported {summary['variant']} step {summary['step']} as {summary['architecture']} "
         f"to {FLAGS.out}")

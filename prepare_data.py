@@ -74,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
   else:
     if not args.output:
       raise DataError("--output: required (the directory to write)")
+    cli.creatable(args.output, "--output")
     if args.tokenizer_file and args.tiktoken_file:
       raise DataError("--tokenizer_file, --tiktoken_file: give one of them")
     if args.tokenizer_file or args.tiktoken_file:

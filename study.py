@@ -14,6 +14,7 @@ log; the others go on, and the study then exits with status 1.
 """
 from __future__ import annotations
 
+import contextlib
 import shlex
 import sys
 import time
@@ -44,6 +45,8 @@ flags.DEFINE_integer("jobs", 2, "Training children at once, each on its own CPU 
                      "cores for the studies' tiny models).")
 flags.DEFINE_bool("report_only", False, "Train nothing: write study.json and the report from "
                   "the run records in --results (e.g. committed ones).")
+flags.DEFINE_bool("retrain_changed", False, "Train anew the points whose workdir was trained "
+                  "under another setting (the old workdir is moved aside, never deleted).")
 flags.DEFINE_bool("exploratory", False, "Run a design whose primary family cannot reach p < 0.05 "
                   "(the report says so in its first line).")
 FLAGS = flags.FLAGS
@@ -53,7 +56,8 @@ def command() -> str:
   """This invocation's command line; an absolute --root / --results is shown as <root> /
   <results> (no machine paths in results that get committed)."""
   args = [f"--study={FLAGS.study}"] + (["--quick"] if FLAGS.quick else [])
-  args += [f"--{k}" for k in ("exploratory", "report_only") if getattr(FLAGS, k)]
+  args += [f"--{k}" for k in ("exploratory", "report_only", "retrain_changed")
+           if getattr(FLAGS, k)]
   args += [f"--set={s}" for s in FLAGS.set]
   args += [f"--{k}={getattr(FLAGS, k)}" for k in ("variants", "seeds", "name") if getattr(FLAGS, k)]
   args += [f"--{k}={v if not Path(v).is_absolute() else f'<{k}>'}"
@@ -74,17 +78,20 @@ def main(argv):
                              name=FLAGS.name, exploratory=FLAGS.exploratory).validate()
   if FLAGS.jobs < 1:
     raise ConfigError(f"--jobs: must be a positive number of children, got {FLAGS.jobs}")
-  root = Path(FLAGS.root or Path("runs") / "studies" / study.name)
-  results = Path(FLAGS.results) if FLAGS.results else root
-  status, grid = runner.run(study, FLAGS.study, root, results, jobs=FLAGS.jobs,
-                            train=not FLAGS.report_only)
-  runs = runner.collect(study, results, grid)
-  missing = [p for p in study.points() if p not in {r["point"] for r in runs}]
-  ran = sum(s.startswith("ran") for s in status.values())
-  invocations = report.record_invocation(results, command(), time.perf_counter() - start, ran)
-  result = report.build(study, runs, grid, missing, invocations)
-  report.write_json(result, results)
-  path = markdown.write(result, results)
+  root = cli.output_dir(FLAGS.root or Path("runs") / "studies" / study.name, "--root")
+  results = cli.output_dir(FLAGS.results, "--results") if FLAGS.results else root
+  with contextlib.ExitStack() as held:  # one driver per root (and per results directory)
+    for folder in dict.fromkeys((root, results)):
+      held.enter_context(sweep_runner.holding(folder, "study.py"))
+    status, grid = runner.run(study, FLAGS.study, root, results, jobs=FLAGS.jobs,
+                              train=not FLAGS.report_only, retrain=FLAGS.retrain_changed)
+    runs = runner.collect(study, results, grid)
+    missing = [p for p in study.points() if p not in {r["point"] for r in runs}]
+    ran = sum(s.startswith("ran") for s in status.values())
+    invocations = report.record_invocation(results, command(), time.perf_counter() - start, ran)
+    result = report.build(study, runs, grid, missing, invocations)
+    report.write_json(result, results)
+    path = markdown.write(result, results)
   print(f"{len(runs)} runs ({ran} trained now); report: {path}")
   failed = {p: s for p, s in status.items()
             if s.startswith(("failed", "not run")) and not FLAGS.report_only}

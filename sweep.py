@@ -7,6 +7,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 
@@ -23,6 +24,8 @@ flags.DEFINE_string("sweep", "configs/sweeps/cpu.py", "Sweep definition file (de
 flags.DEFINE_string("root", "", "Directory holding one workdir per point (default runs/sweeps/<name>).")
 flags.DEFINE_enum("mode", "local", ["local", "print"], "Run here one after another, or print commands.")
 flags.DEFINE_string("launcher", "", "Prefix for printed commands, e.g. 'sbatch --wrap'.")
+flags.DEFINE_bool("retrain_changed", False, "Train anew the points whose workdir was trained "
+                  "under another setting (the old workdir is moved aside, never deleted).")
 flags.DEFINE_bool("collect_only", False, "Only collect finished points, fit and report.")
 FLAGS = flags.FLAGS
 
@@ -33,8 +36,13 @@ def main(argv):
   sweep = cli.load_definition(FLAGS.sweep, "sweep", "SWEEP", SweepError)
   root = FLAGS.root or os.path.join("runs", "sweeps", sweep.name)
   sweep.validate()
+  local = FLAGS.mode == "local" and not FLAGS.collect_only  # printed commands run elsewhere
+  if local:
+    root = str(cli.output_dir(root, "--root"))
   if not FLAGS.collect_only:
-    status = runner.run(sweep, FLAGS.sweep, root, mode=FLAGS.mode, launcher=FLAGS.launcher)
+    with runner.holding(root, "sweep.py") if local else contextlib.nullcontext():
+      status = runner.run(sweep, FLAGS.sweep, root, mode=FLAGS.mode, launcher=FLAGS.launcher,
+                          check_settings=True, retrain=FLAGS.retrain_changed)
     print(json.dumps({k: sum(v == k for v in status.values()) for k in ("skipped", "ran", "printed")}))
     if FLAGS.mode == "print":
       return

@@ -37,8 +37,8 @@ def start(program: str, *args: str) -> subprocess.Popen:
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def lock_held(workdir: Path) -> bool:
-  path = workdir / "train.lock"
+def lock_held(workdir: Path, name: str = "train.lock") -> bool:
+  path = workdir / name
   if not path.exists():
     return False
   with open(path, "a+") as f:
@@ -127,3 +127,21 @@ def test_sweep_survives_sigterm_and_sigkill_in_a_child(tmp_path):
   assert done.returncode == 0, err[-2000:]
   for point in ("transformer-a-6", "diff-a-6"):
     assert json.loads((root / point / "summary.json").read_text())["step"] == 6
+
+
+def test_a_second_driver_on_a_root_is_refused_up_front(tmp_path):
+  """Two identical studies on one root: the second ends in one line naming the first before it
+  trains anything; the first finishes normally."""
+  file = tmp_path / "tiny_study.py"
+  file.write_text(TINY_STUDY)
+  root = tmp_path / "root"
+  args = (f"--study={file}", "--quick", f"--root={root}", "--variants=transformer", "--seeds=0")
+  first = start("study.py", *args)
+  wait_until(lambda: lock_held(root, "driver.lock"), "the first study to hold its root")
+  second = start("study.py", *args)
+  out, err = second.communicate(timeout=DEADLINE_S)
+  assert second.returncode == 2 and len(err.strip().splitlines()) == 1, err[-2000:]
+  assert f"--root {root}: another study.py holds it (pid {first.pid}" in err
+  out, err = first.communicate(timeout=DEADLINE_S)
+  assert first.returncode == 0, err[-2000:]
+  assert json.loads((root / "study.json").read_text())["study"]["invocations"][0]["trained"] > 0

@@ -313,6 +313,33 @@ def test_every_program_ends_bad_input_in_one_line(tmp_path, program, args, messa
   assert_single_stderr_line(proc, message.format(tmp=tmp_path))
 
 
+OUTPUT_FAULTS = [  # every program's output path under a regular file: one line, exit 2
+    ("train.py", ["--workdir={bad}/w"], "--workdir {bad}/w: cannot create it"),
+    ("eval.py", ["--compare", "--compare_dir={bad}/c", "{tmp}/a", "{tmp}/b"],
+     "--compare_dir {bad}/c: cannot write there"),
+    ("study.py", ["--quick", "--root={bad}/r"], "--root {bad}/r: cannot write there"),
+    ("study.py", ["--quick", "--root={tmp}/r", "--results={bad}/s"], "--results {bad}/s: cannot"),
+    ("sweep.py", ["--sweep=configs/sweeps/cpu.py", "--root={bad}/r"], "--root {bad}/r: cannot"),
+    ("export.py", ["--workdir={tmp}/nothing", "--out={bad}/hf"], "--out {bad}/hf: {bad} is a file"),
+    ("prepare_data.py", ["--input", "{tmp}/nope.txt", "--output", "{bad}/out"],
+     "--output {bad}/out: {bad} is a file"),
+    ("aot_compile.py", ["--out={bad}/a.json"], "--out {bad}: is a file, not a directory"),
+]
+
+
+@pytest.mark.parametrize("program, args, message", OUTPUT_FAULTS,
+                         ids=[f"{p[0]}:{p[1][-1]}" for p in OUTPUT_FAULTS])
+def test_every_program_refuses_an_impossible_output_path_in_one_line(tmp_path, program, args,
+                                                                     message):
+  bad = tmp_path / "file"
+  bad.write_text("a file, so nothing can be created under it")
+  args = [a.format(tmp=tmp_path, bad=bad) for a in args]
+  proc = run_program(program, *args)
+  assert_single_stderr_line(proc, message.format(tmp=tmp_path, bad=bad))
+  assert bad.read_text().startswith("a file")  # untouched
+  assert not (tmp_path / "r").exists() or not any((tmp_path / "r").rglob("*.json"))
+
+
 @pytest.mark.parametrize("args, message", [
     ("workdir={run},stepz=3", "--model_args: unknown key 'stepz'"),
     ("workdir={tmp}/nothing", "not a training workdir"),

@@ -149,6 +149,24 @@ def test_quick_study_runs_end_to_end_and_resumes(tmp_path):
     assert p["mean_diff"] == pytest.approx(sum(diffs) / 2)
   text = (root / "report.md").read_text()
   assert "Primary" in text and "floor: one_key" in text and (root / "learning_curves.png").is_file()
+  # The same study under another --set is refused before anything trains, in one line naming
+  # the key; with --retrain_changed those points train anew and the old workdirs are kept.
+  changed = [a.replace("num_keys=6", "num_keys=7") for a in args]
+  refused = study(tmp_path, *changed)
+  assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1
+  assert "data.task.num_keys 6 -> 7" in refused.stderr and "--retrain_changed" in refused.stderr
+  subset = [a.replace("transformer,diff_v2", "transformer").replace("1,2", "1") for a in changed]
+  retrained = study(tmp_path, *subset, "--retrain_changed")
+  assert retrained.returncode == 0, retrained.stderr[-2000:]
+  assert len(list(root.glob("transformer-s1.setting-*"))) == 1
+  assert json.loads((root / "records" / "transformer-s1.json").read_text())["setting"][
+      "data.task.num_keys"] == 7
+  for point in ("transformer-s1", "transformer-lr0.001-s1000"):  # the num_keys=6 records kept
+    folder = root / "records" / ("lr_grid" if "-lr" in point else "")
+    assert len(list(folder.glob(f"{point}.json.replaced-*"))) == 1
+  (root / "records" / "transformer-s1.json").unlink()  # back to the num_keys=6 study below
+  for old in root.rglob("*.json.replaced-*"):
+    old.rename(old.with_name(old.name.split(".replaced-")[0]))
   # A rerun (what study.py does again, in-process here) trains and evaluates nothing; with the
   # workdirs gone, the records alone rebuild the same runs (a new machine with committed records).
   tiny = cli.load_definition(str(file), "study", "STUDY").validate().quick().with_options(
@@ -166,7 +184,7 @@ def test_quick_study_runs_end_to_end_and_resumes(tmp_path):
   # study's report lists them all.
   assert [c["trained"] for c in data["study"]["invocations"]] == [8]
   data["study"]["invocations"] = report.record_invocation(root, "rerun", 0.5, 0)
-  assert [c["trained"] for c in data["study"]["invocations"]] == [8, 0]
+  assert [c["trained"] for c in data["study"]["invocations"]] == [8, 3, 0]  # + the retrain
   assert "Invocations on this root, in order: " in markdown.write(data, tmp_path).read_text()
 
 

@@ -15,8 +15,9 @@ from scipy import stats as scipy_stats
 from diff_transformer import cli
 from diff_transformer.errors import UserError, message_lines
 from diff_transformer.study import grid as lr_grid
-from diff_transformer.study import markdown, records, report, runner
+from diff_transformer.study import cells, opening, records, report, runner
 from diff_transformer.study.stats import paired_censored, seeds_needed, smallest_holm_p
+from diff_transformer.training.run_record import check_setting
 
 ROOT = Path(__file__).resolve().parents[1]
 RETRIEVAL = ROOT / "configs/studies/retrieval.py"
@@ -49,9 +50,9 @@ def test_censored_pairs_are_bounds_with_a_sign_test_on_the_determined_pairs():
   assert exact["bound"] is None and exact["mean_diff"] == pytest.approx(-25.0)
   # A censored entry is printed as a bound with n and n_determined, never with a t interval.
   entry = dict(one_sided, family="primary", p_holm=0.5)
-  text = markdown._diff(entry)
+  text = cells.diff(entry)
   assert text.startswith("<= -250") and "determined 3" in text and "[" not in text
-  assert "not bounded" in markdown._diff(dict(got, family="primary", p_holm=1.0))
+  assert "not bounded" in cells.diff(dict(got, family="primary", p_holm=1.0))
 
 
 def test_report_compares_a_censored_primary_by_sign_test_and_leaves_others_descriptive():
@@ -70,7 +71,7 @@ def test_report_compares_a_censored_primary_by_sign_test_and_leaves_others_descr
   assert compared["noise_share"]["family"] == "secondary" and not math.isnan(
       compared["noise_share"]["p_holm"])
   assert compared["final_loss"]["family"] == "descriptive" and math.isnan(compared["final_loss"]["p"])
-  assert "p=" not in markdown._diff(compared["final_loss"])
+  assert "p=" not in cells.diff(compared["final_loss"])
 
 
 def test_the_design_check_refuses_what_cannot_conclude_and_names_the_seeds_needed():
@@ -86,7 +87,7 @@ def test_the_design_check_refuses_what_cannot_conclude_and_names_the_seeds_neede
   exploratory = retrieval().with_options(seeds="0,1,2,3,4", exploratory=True).validate()
   result = dict(study=dict(exploratory=True, design=exploratory.design(),
                            seeds=list(exploratory.seeds)), lr_grid={})
-  first = markdown._warnings(result)[0]
+  first = opening._warnings(result)[0]
   assert first.startswith("**Exploratory**") and "needs 7" in first
 
 
@@ -161,13 +162,23 @@ def test_a_record_is_reused_only_for_its_setting(tmp_path):
   cadence = study.resolved_config("diff-s0", 3e-3)
   cadence.train.log_every = 7  # logging cadence does not change the result
   assert records.read(tmp_path, "diff-s0", cadence) is not None
-  # A workdir trained under another setting is refused in one line naming the keys.
+  # A workdir trained under another setting is refused in one line naming the keys, or with
+  # retrain moved aside (kept) so the point trains anew.
   (tmp_path / "w").mkdir()
   (tmp_path / "w" / "config.json").write_text(config.to_json_best_effort())
-  records.check_workdir(tmp_path / "w", "diff-s0", config)
+  check_setting(tmp_path / "w", "diff-s0", config)
   with pytest.raises(UserError) as e:
-    records.check_workdir(tmp_path / "w", "diff-s0", other)
+    check_setting(tmp_path / "w", "diff-s0", other)
   assert len(message_lines(e.value)) == 1 and "data.task.num_keys 4 -> 6" in str(e.value)
+  assert "--retrain_changed" in str(e.value)
+  check_setting(tmp_path / "w", "diff-s0", other, retrain=True)
+  aside = list(tmp_path.glob("w.setting-*"))
+  assert not (tmp_path / "w").exists() and len(aside) == 1
+  assert (aside[0] / "config.json").read_text() == config.to_json_best_effort()
+  # A new record for the point keeps the other setting's record aside too.
+  records.write(tmp_path, "diff-s0", dict(variant="diff", seed=0), other)
+  assert records.read(tmp_path, "diff-s0", other) is not None
+  assert len(list((tmp_path / "records").glob("diff-s0.json.replaced-*"))) == 1
 
 
 MACHINE_PATH = re.compile(r"(/root/|/home/|/work/|/tmp/|/Users/|[A-Z]:\\\\)")
@@ -199,3 +210,37 @@ def test_the_committed_retrieval_study_is_a_design_that_can_conclude():
     assert table["steps_to_90"]["n_determined"] <= table["steps_to_90"]["n"], variant
   recorded = {p.stem for p in (folder / "records").glob("*.json")}
   assert {r["point"] for r in data["runs"]} <= recorded
+
+
+def test_the_committed_children_benchmark_backs_the_default_jobs():
+  """benchmarks/results/study_children.json: runs per hour with one child on every core and with
+  two single-threaded children, on 2 cores, the same results either way; study.py's --jobs
+  default is the faster of the two."""
+  bench = json.loads((ROOT / "benchmarks/results/study_children.json").read_text())
+  assert "2 cores" in bench["machine"] and bench["identical_final_losses"]
+  rates = {int(k): sorted(v) for k, v in bench["runs_per_hour"].items()}
+  assert set(rates) == {1, 2} and all(len(v) >= 1 and min(v) > 0 for v in rates.values())
+  faster = max(rates, key=lambda jobs: rates[jobs][len(rates[jobs]) // 2])  # by the median
+  default = re.search(r'DEFINE_integer\("jobs", (\d+),', (ROOT / "study.py").read_text())
+  assert default and int(default.group(1)) == faster
+
+
+def test_a_run_records_its_code_and_a_study_over_two_versions_says_so(tmp_path, monkeypatch):
+  from diff_transformer import provenance
+  from diff_transformer.training import run_record
+  now = provenance.code_version()
+  assert set(provenance.LIBRARIES) == set(now["libraries"]) and now["libraries"]["jax"]
+  if (ROOT / ".git").exists():  # a checkout (a wheel records no commit)
+    assert re.fullmatch(r"[0-9a-f]{40}", now["commit"]) and isinstance(now["dirty"], bool)
+  assert run_record.record_code_version(tmp_path, 0) is None  # a new run: nothing replaced
+  assert run_record.record_code_version(tmp_path, 50) is None  # same code: no new entry
+  other = dict(now, commit="0" * 40, dirty=False)
+  monkeypatch.setattr(provenance, "code_version", lambda: other)
+  assert run_record.record_code_version(tmp_path, 80) == dict(step=0, **now)  # the replaced one
+  versions = run_record.read_code_versions(tmp_path)
+  assert [v["step"] for v in versions] == [0, 80] and versions[1]["commit"] == "0" * 40
+  # Two runs' records from two commits: the report's first lines say so.
+  runs = [dict(code_versions=[provenance.label(now)]), dict(code_versions=[provenance.label(other)])]
+  result = dict(study=dict(code_versions=report.code_versions(runs), seeds=[0]), lr_grid={})
+  first = opening._warnings(result)[0]
+  assert first.startswith("**Runs from 2 code versions**") and "0000000000" in first

@@ -127,6 +127,7 @@ def build(study: Study, runs: list[dict], grid: dict, missing: list[str],
               eval_rows=study.eval_rows, command=invocations[-1]["command"],
               wall_seconds=invocations[-1]["wall_seconds"], invocations=list(invocations),
               machine=f"{platform.machine()}, {_cpu_name()}, {_cores()} cores")
+  info["code_versions"] = code_versions(runs)
   if study.is_task:
     info.update(task_params=synthetic.task_spec(config.data).settings(),
                 d_model=config.model.d_model, layers=config.model.num_layers,
@@ -134,6 +135,16 @@ def build(study: Study, runs: list[dict], grid: dict, missing: list[str],
   chance = {k: v for r in runs for k, v in r.get("chance", {}).items()}
   return dict(study=info, runs=runs, summary=summary, paired=compare(study, runs),
               chance=chance, lr_grid=grid, missing=missing)
+
+
+def code_versions(runs: list[dict]) -> dict[str, int]:
+  """{code version label: how many runs it trained (part of)}; 'not recorded' for runs from
+  before runs recorded it."""
+  counts: dict[str, int] = {}
+  for r in runs:
+    for label in r.get("code_versions") or ["not recorded"]:
+      counts[label] = counts.get(label, 0) + 1
+  return counts
 
 
 def informative_slices(result: dict) -> list[str]:

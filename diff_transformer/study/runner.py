@@ -8,7 +8,7 @@ import json
 import math
 from pathlib import Path
 
-from diff_transformer import params
+from diff_transformer import params, provenance
 from diff_transformer.data import synthetic
 from diff_transformer.evaluation import Settings, evaluate, floors
 from diff_transformer.model.spec import ModelSpec
@@ -16,6 +16,7 @@ from diff_transformer.study import grid as lr_grid
 from diff_transformer.study import records
 from diff_transformer.study.definition import Study
 from diff_transformer.sweeps import runner as sweep_runner
+from diff_transformer.training.run_record import check_setting, read_code_versions
 
 TASK_SUITES = ("task", "attention", "outliers")
 TEXT_SUITES = ("loss",)
@@ -41,17 +42,19 @@ def trained_floor(study: Study) -> float:
 
 
 def run(study: Study, study_file: str, root: str | Path, results: str | Path | None = None,
-        jobs: int = 1, train: bool = True) -> tuple[dict[str, str], dict]:
+        jobs: int = 1, train: bool = True, retrain: bool = False
+        ) -> tuple[dict[str, str], dict]:
   """Trains (train.py per point, `jobs` at once) and evaluates every point; returns the status
   per point and the lr grid. A failed run is recorded with its log and the others go on. With
-  train=False nothing runs: the grid and the points are what their records hold."""
+  train=False nothing runs: the grid and the points are what their records hold. A workdir
+  trained under another setting is refused, or with `retrain` set aside and trained anew."""
   root = Path(root)
   results = Path(results or root)
   status, grid = {}, {}
   if study.lr_grid:
     def run_grid(points: list[str]) -> dict[str, dict]:
       status.update(_run_points(study, study_file, root / GRID_DIR, results, points, jobs,
-                                train, grid=True))
+                                train, retrain, grid=True))
       found = {p: records.read(results, p, study.get_config(p), grid=True) for p in points}
       return {p: r for p, r in found.items() if r is not None}
     grid = lr_grid.tune(study, run_grid, trained_floor(study))
@@ -62,13 +65,14 @@ def run(study: Study, study_file: str, root: str | Path, results: str | Path | N
   status.update({p: "not run: every lr of its grid failed" for p in skipped})
   status.update(_run_points(study, study_file, root, results,
                             [p for p in study.points() if p not in skipped], jobs, train,
-                            lrs=lrs))
+                            retrain, lrs=lrs))
   return status, grid
 
 
 def _run_points(study: Study, study_file: str, root: Path, results: Path, points: list[str],
-                jobs: int, train: bool, lrs: dict[str, float | None] | None = None,
-                grid: bool = False) -> dict[str, str]:
+                jobs: int, train: bool, retrain: bool,
+                lrs: dict[str, float | None] | None = None, grid: bool = False
+                ) -> dict[str, str]:
   """Points without a record for their setting are trained (workdirs under another setting
   refused first) and recorded; a finished run without a record is recorded without training."""
   lrs = lrs or {}
@@ -78,7 +82,7 @@ def _run_points(study: Study, study_file: str, root: Path, results: Path, points
   if not train:
     return dict(status, **{p: "not run (report only)" for p in todo})
   for p in todo:
-    records.check_workdir(root / p, p, configs[p])
+    check_setting(root / p, p, configs[p], retrain)
   record = _grid_point_record if grid else _point_record
   def on_done(point: str, workdir: str) -> None:
     record(study, point, Path(workdir), results, configs[point])
@@ -109,7 +113,7 @@ def _grid_point_record(study: Study, point: str, workdir: Path, results: Path, c
              steps=summary.get("step"), final_loss=summary.get("val_loss"),
              val_accuracy=summary.get("val_accuracy"),
              unigram_entropy=summary.get("unigram_entropy"), train_seconds=_train_seconds(rows),
-             curve=points)
+             code_versions=_code_versions(workdir), curve=points)
   if study.level:
     out["steps_to_level"], out["reached"] = first_step(points, study.level)
   records.write(results, point, out, config, grid=True)
@@ -167,6 +171,11 @@ def still_rising(points: list[tuple[int, float]], tail: float = 0.2, margin: flo
   return last - before > margin
 
 
+def _code_versions(workdir: Path) -> list[str]:
+  """The code that trained the run, one label per version (a resume under other code adds one)."""
+  return [provenance.label(v) for v in read_code_versions(workdir)]
+
+
 def _train_seconds(rows: list[dict]) -> float:
   times = [r["time"] for r in rows]
   return float(max(times) - min(times)) if times else math.nan
@@ -212,7 +221,7 @@ def _record(study: Study, point: str, workdir: Path, config) -> dict:
                 lr=float(config.train.lr), steps=summary.get("step"),
                 budget=config.train.steps, stopped_at_level=bool(summary.get("stopped_at_level")),
                 final_loss=summary.get("val_loss"), val_accuracy=summary.get("val_accuracy"),
-                train_seconds=_train_seconds(rows))
+                train_seconds=_train_seconds(rows), code_versions=_code_versions(workdir))
   if study.is_task:
     record.update(_task_record(ev, curve(rows), study.level or 0.9))
   else:

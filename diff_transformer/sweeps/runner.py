@@ -17,13 +17,17 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import IO, Callable
 
 from tqdm import tqdm
 
 from diff_transformer.errors import read_json
 from diff_transformer.sweeps.definition import Sweep, SweepError
+from diff_transformer.training.run_record import check_setting
+from diff_transformer.training.workdir import WorkdirLock
 
+DRIVER_LOCK = "driver.lock"  # held by the study.py / sweep.py running on a root
 SUMMARY = "summary.json"  # written by the trainer when a run reaches its last step
 LOCK_WAIT_S = 120  # a child stopped by its driver's death saves and exits within this
 
@@ -98,6 +102,21 @@ def _stopped() -> SweepError:
                     "same command to resume")
 
 
+@contextlib.contextmanager
+def holding(root: str | os.PathLike, program: str):
+  """One driver per root: a second study.py or sweep.py on it is refused up front, in one line
+  naming the holder, before it trains or writes anything (the kernel frees the lock of a driver
+  that died)."""
+  lock = WorkdirLock(Path(root), DRIVER_LOCK, "--root", f"another {program}")
+  notice = lock.acquire()
+  if notice:
+    print(f"note: --root {root}: {notice}", flush=True)
+  try:
+    yield
+  finally:
+    lock.release()
+
+
 def stop_on_sigterm() -> None:
   """Makes SIGTERM to a driver (sweep.py, study.py) a one-line SweepError in its main thread,
   after the running children have been stopped and have saved. Python drops an exception raised
@@ -136,10 +155,13 @@ def command(sweep_file: str, point: str, workdir: str, python: str = sys.executa
 def run(sweep: Sweep, sweep_file: str, root: str, *, mode: str = "local", launcher: str = "",
         extra_args: tuple[str, ...] = (), points: list[str] | None = None,
         point_args: dict[str, tuple[str, ...]] | None = None, keep_going: bool = False,
-        jobs: int = 1, on_done: Callable[[str, str], None] | None = None) -> dict[str, str]:
+        jobs: int = 1, on_done: Callable[[str, str], None] | None = None,
+        check_settings: bool = False, retrain: bool = False) -> dict[str, str]:
   """Runs `points` (default: every point of the sweep; `point_args` adds flags per point), up
   to `jobs` at once. Returns {point: 'skipped' | 'ran' | 'printed' | 'failed (exit N); see
-  LOG'}; a failed local run raises unless keep_going, which records it and goes on."""
+  LOG'}; a failed local run raises unless keep_going, which records it and goes on. With
+  check_settings, a workdir trained under another setting than the point's config is refused
+  in one line, or with `retrain` moved aside and trained anew."""
   sweep.validate()
   if mode not in ("local", "print"):
     raise SweepError(f"--mode: '{mode}' is not one of local, print")
@@ -148,6 +170,8 @@ def run(sweep: Sweep, sweep_file: str, root: str, *, mode: str = "local", launch
   todo = []
   for point in sweep.points() if points is None else points:
     workdir = os.path.join(root, point)
+    if check_settings:
+      check_setting(Path(workdir), point, sweep.get_config(point), retrain)
     if finished(sweep, point, workdir):
       status[point] = "skipped"
     else:

@@ -17,7 +17,7 @@ from typing import Any
 import jax
 import ml_collections
 
-from diff_transformer import data
+from diff_transformer import data, provenance
 from diff_transformer.errors import TrainError
 from diff_transformer.interop import hf_import
 from diff_transformer.model.attention import recorded_variant, variant_class
@@ -105,6 +105,7 @@ class _Run:
   start: int
   resumed: bool
   batch_change: tuple[int, int] | None  # (recorded, new) global batch size of a resume
+  code_change: dict | None  # the code version a resume replaced (run_record.CODE_VERSION)
 
 
 def _record_variant(config: ml_collections.ConfigDict) -> None:
@@ -146,10 +147,11 @@ def _open(config: ml_collections.ConfigDict, workdir: Path) -> _Run:
   else:
     state, start = trainer.init(), 0
   run_record.write_run_record(workdir, config, dataset)
+  code_change = run_record.record_code_version(workdir, start)
   if found is None and config.init_from_hf:
     state = _import_hf(trainer, state, config.init_from_hf, checkpointer, iterator)
   return _Run(config, workdir, dataset, mesh, trainer, iterator, checkpointer, state, start,
-              resumed=found is not None, batch_change=batch_change)
+              resumed=found is not None, batch_change=batch_change, code_change=code_change)
 
 
 def _start_logging(run: _Run) -> tuple[MetricsLogger, RateWindow]:
@@ -178,6 +180,10 @@ def _start_logging(run: _Run) -> tuple[MetricsLogger, RateWindow]:
                  f"the step schedule change from step {run.start}")
     logger.write(run.start, dict(previous_global_batch_size=old, global_batch_size=new),
                  kind="resume")
+  if run.code_change is not None:  # allowed; said once here and kept in the metrics
+    old, new = provenance.label(run.code_change), provenance.label(provenance.code_version())
+    logger.print(f"Resuming at step {run.start} under other code ({new}; was {old})")
+    logger.write(run.start, dict(code_was=old, code_now=new), kind="resume")
   if run.start >= t.steps:
     logger.print(f"Checkpoint step {run.start} already reaches train.steps = {t.steps}; raise "
                  "--config.train.steps to train on")

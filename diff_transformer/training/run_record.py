@@ -6,11 +6,15 @@ and by every program that reads the run (eval, export, lm-eval, studies).
                             and vocab_padding (model rows beyond its ids)
   tokenizer.json            a copy of the tokenizer file (bpe and file runs; tiktoken runs keep
                             tokenizer.tiktoken + tiktoken.json)
+  code_version.json         the code that trained it (provenance.py): one entry per code
+                            version, each with the step it started or resumed at
 """
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import time
 from pathlib import Path
 
 import jax
@@ -19,10 +23,12 @@ import ml_collections
 from diff_transformer.config import base_config
 from diff_transformer.data import assert_compatible, describe
 from diff_transformer.data.tokenizer import load_tokenizer
+from diff_transformer import provenance
 from diff_transformer.errors import DataError, TrainError, last_line, read_json
 from diff_transformer.tree import flatten
 
 CONFIG_FILE = "config.json"
+CODE_VERSION = "code_version.json"
 TOKENIZER_RECORD = "tokenizer_record.json"
 TOKENIZER_COPY = "tokenizer.json"
 TOKENIZER_FILES = (TOKENIZER_COPY, "tokenizer.tiktoken", "tiktoken.json")  # copied into the run
@@ -43,6 +49,69 @@ def write_run_record(workdir: Path, config: ml_collections.ConfigDict, dataset) 
     source = Path(dataset.path) / name
     if record["name"] != "byte" and source.is_file():
       shutil.copyfile(source, workdir / name)
+
+
+# Keys that do not change what a run computes: where it logs, how often it saves, labels.
+IGNORED = ("source", "train.log_every", "train.checkpoint_every", "train.max_to_keep",
+           "train.peak_tflops", "data.cache_dir")
+
+
+def setting(config: ml_collections.ConfigDict) -> dict:
+  """The config's flat fields that change training (JSON values, as config.json holds them)."""
+  flat = flatten(json.loads(config.to_json_best_effort()))
+  if flat.get("model.vocab_multiple"):  # train.py fills vocab_size in from the tokenizer
+    flat.pop("model.vocab_size", None)
+  return {k: v for k, v in flat.items() if k not in IGNORED}
+
+
+def differences(expected: dict, recorded: dict) -> list[tuple[str, object, object]]:
+  """(key, recorded value, expected value) for every key that differs, in key order."""
+  keys = sorted(expected.keys() | recorded.keys())
+  return [(k, recorded.get(k), expected.get(k)) for k in keys if recorded.get(k) != expected.get(k)]
+
+
+def check_setting(workdir: Path, point: str, config: ml_collections.ConfigDict,
+                  retrain: bool = False) -> None:
+  """A run started under another setting (a study file, an override or a grid's choice changed
+  since) would be skipped or resumed as if it were this point: refused in one line naming the
+  keys that differ, or with `retrain` moved aside (<workdir>.setting-<time>, never deleted) so
+  the point trains anew."""
+  trained = read_config(workdir)
+  if trained is None:
+    return
+  diff = differences(setting(config), setting(trained))
+  if not diff:
+    return
+  if retrain:
+    aside = workdir.with_name(f"{workdir.name}.setting-{time.strftime('%Y%m%d-%H%M%S')}")
+    os.replace(workdir, aside)
+    print(f"{point}: trained under another setting; moved to {aside}; training it anew",
+          flush=True)
+    return
+  shown = "; ".join(f"{k} {a!r} -> {b!r}" for k, a, b in diff[:3])
+  more = f" (+{len(diff) - 3} more)" if len(diff) > 3 else ""
+  raise TrainError(f"point {point}: {workdir} was trained under another setting ({shown}{more}); "
+                   "use another --root or --name, or --retrain_changed to train it anew (the old "
+                   "run is kept aside)")
+
+
+def read_code_versions(workdir: Path) -> list[dict]:
+  path = Path(workdir) / CODE_VERSION
+  versions = read_json(path, TrainError) if path.is_file() else []
+  return versions if isinstance(versions, list) else []
+
+
+def record_code_version(workdir: Path, step: int) -> dict | None:
+  """Appends this code's version to code_version.json when it differs from the last entry (a new
+  run, or a resume under other code); returns the previous entry when a resume changed it."""
+  if jax.process_index() != 0:
+    return None
+  versions, now = read_code_versions(workdir), provenance.code_version()
+  if versions and provenance.same_code(versions[-1], now):
+    return None
+  (Path(workdir) / CODE_VERSION).write_text(json.dumps(versions + [dict(step=step, **now)],
+                                                       indent=1) + "\n")
+  return versions[-1] if versions else None
 
 
 def read_config(workdir: Path) -> ml_collections.ConfigDict | None:

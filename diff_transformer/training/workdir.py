@@ -40,11 +40,13 @@ def _owner(text: str) -> str:
 
 
 class WorkdirLock:
-  """acquire() refuses a workdir another live run holds; release() at the end of the run."""
+  """acquire() refuses a workdir another live run holds; release() at the end of the run. The
+  drivers (study.py, sweep.py) hold their --root the same way, under another file name."""
 
-  def __init__(self, workdir: Path):
-    self.workdir = workdir
-    self.path = workdir / LOCK_FILE
+  def __init__(self, workdir: Path, name: str = LOCK_FILE, flag: str = "--workdir",
+               holder: str = "another training run"):
+    self.workdir, self.name, self.flag, self.holder = Path(workdir), name, flag, holder
+    self.path = self.workdir / name
     self._file = None
 
   def acquire(self) -> str | None:
@@ -52,7 +54,7 @@ class WorkdirLock:
     try:
       f = open(self.path, "a+")
     except OSError as e:
-      raise TrainError(f"--workdir {self.workdir}: cannot write {LOCK_FILE} ({e.strerror})"
+      raise TrainError(f"{self.flag} {self.workdir}: cannot write {self.name} ({e.strerror})"
                        ) from None
     try:
       fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -61,9 +63,9 @@ class WorkdirLock:
       owner = _owner(f.read())
       f.close()
       if e.errno in (errno.EAGAIN, errno.EACCES):
-        raise TrainError(f"--workdir {self.workdir}: another training run holds it ({owner}); "
-                         "wait for it to end or use another --workdir") from None
-      raise TrainError(f"--workdir {self.workdir}: cannot lock {LOCK_FILE} ({e.strerror})"
+        raise TrainError(f"{self.flag} {self.workdir}: {self.holder} holds it ({owner}); "
+                         f"wait for it to end or use another {self.flag}") from None
+      raise TrainError(f"{self.flag} {self.workdir}: cannot lock {self.name} ({e.strerror})"
                        ) from None
     f.seek(0)
     previous = f.read().strip()
@@ -74,7 +76,7 @@ class WorkdirLock:
       f.flush()
     except OSError as e:
       f.close()
-      raise TrainError(f"--workdir {self.workdir}: cannot write {LOCK_FILE} ({e.strerror})"
+      raise TrainError(f"{self.flag} {self.workdir}: cannot write {self.name} ({e.strerror})"
                        ) from None
     self._file = f
     if previous:

@@ -1,0 +1,55 @@
+"""What code made a run: the project's version, the git commit and whether the checkout had
+uncommitted changes (when run from a checkout), and the versions of the libraries that decide
+its numbers. Runs record it in code_version.json (training/run_record.py); studies list it."""
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import subprocess
+from pathlib import Path
+
+LIBRARIES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "grain")
+CHECKOUT = Path(__file__).resolve().parents[1]
+
+
+def _version(package: str) -> str | None:
+  try:
+    return importlib.metadata.version(package)
+  except importlib.metadata.PackageNotFoundError:
+    return None
+
+
+def _git(*args: str) -> str | None:
+  try:
+    out = subprocess.run(["git", "-C", str(CHECKOUT), *args], capture_output=True, text=True,
+                         timeout=20)
+  except (OSError, subprocess.SubprocessError):
+    return None
+  return out.stdout.strip() if out.returncode == 0 else None
+
+
+@functools.cache
+def code_version() -> dict:
+  """{project, commit, dirty, libraries}; commit and dirty are None outside a git checkout (an
+  installed wheel)."""
+  commit = _git("rev-parse", "HEAD") if (CHECKOUT / ".git").exists() else None
+  dirty = None
+  if commit:
+    status = _git("status", "--porcelain", "--untracked-files=no")
+    dirty = None if status is None else bool(status)
+  return dict(project=_version("diff-transformer"), commit=commit, dirty=dirty,
+              libraries={name: _version(name) for name in LIBRARIES})
+
+
+def same_code(a: dict, b: dict) -> bool:
+  keys = ("project", "commit", "dirty", "libraries")
+  return all(a.get(k) == b.get(k) for k in keys)
+
+
+def label(version: dict | None) -> str:
+  """A short name: the commit (+uncommitted) or the project version, and jax's version."""
+  if not version:
+    return "not recorded"
+  code = (version["commit"][:10] + ("+uncommitted" if version.get("dirty") else "")
+          if version.get("commit") else f"diff-transformer {version.get('project')} (no checkout)")
+  return f"{code}, jax {version.get('libraries', {}).get('jax')}"

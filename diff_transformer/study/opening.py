@@ -1,0 +1,128 @@
+"""The opening of a study report: the warnings that limit every reading (exploratory design,
+runs from several code versions, untuned or unbracketed lrs, an unfinished grid), the setting,
+how to read the tables, and the lr grid."""
+from __future__ import annotations
+
+import math
+
+from diff_transformer.study.cells import num, table
+
+
+def _warnings(result: dict) -> list[str]:
+  """The report's first lines: what limits every reading below."""
+  info, grid = result["study"], result["lr_grid"]
+  design = info.get("design", {})
+  lines = []
+  if info.get("exploratory"):
+    primary = design.get("primary", {})
+    lines.append(f"**Exploratory**: the primary family ({primary.get('comparisons')} "
+                 f"comparisons, Holm) can reach p = {num(primary.get('smallest_p'), 4)} at best "
+                 f"with {len(info['seeds'])} seeds (it needs {primary.get('seeds_needed')}); "
+                 "nothing below can be a finding.")
+  versions = info.get("code_versions") or {}
+  if len(versions) > 1:
+    lines.append(f"**Runs from {len(versions)} code versions**: " + "; ".join(
+        f"{v} ({n} runs)" for v, n in versions.items()) + ". A difference between variants "
+        "may be partly a difference between code versions.")
+  decisions = (grid or {}).get("decisions", {})
+  untuned = [c for c, d in decisions.items() if d["untuned"]]
+  if untuned:
+    lines.append(f"**Untuned**: {', '.join(untuned)}: every grid run stayed at or below the best "
+                 "shortcut, so comparisons with it are against a model that never learned the "
+                 "task at any lr tried.")
+  loose = [c for c, d in decisions.items()
+           if d["chosen"] is not None and not d["bracketed"] and d.get("complete", True)]
+  pending = [c for c, d in decisions.items() if not d.get("complete", True)]
+  if pending:
+    lines.append(f"**Grid not finished**: {', '.join(pending)}: the lr below is provisional.")
+  if loose:
+    lines.append(f"**Not bracketed**: {', '.join(loose)}: the chosen lr is at an end of the grid "
+                 "(after extending it); its best lr may lie beyond.")
+  return [x for line in lines for x in (line, "")]
+
+
+def _how_to_read(info: dict) -> list[str]:
+  design, n = info.get("design", {}), len(info["seeds"])
+  def family(name: str, what: str) -> str:
+    d = design.get(name, {})
+    if not d.get("comparisons"):
+      return ""
+    reach = (f"can reach p = {num(d['smallest_p'], 4)} after Holm" if d["can_resolve"] else
+             f"cannot reach p < 0.05 after Holm (smallest {num(d['smallest_p'], 4)}; it needs "
+             f"{d['seeds_needed']} seeds), so it is read as descriptive")
+    return f"- **{what}** ({d['comparisons']} comparisons, Holm within the family): {reach}.\n"
+  secondary = ", ".join(f"`{m}`" for m in info.get("secondary", [])) or "none"
+  lines = ["## How to read this", "",
+           f"- **Primary metric, named before the run: `{info['primary']}`.** Pre-named "
+           f"secondary metrics: {secondary}. Every other metric is **descriptive**: a mean "
+           "difference with its n, no p.",
+           (family("primary", "Primary family") + family("secondary", "Secondary family")).rstrip(),
+           f"- p: an exact paired test over the {n} seeds (a sign-flip test; for a time censored "
+           "at the budget, a sign test on the pairs whose order is determined). A mean "
+           "difference that involves censored runs is a bound ('<=' or '>='), or not bounded; "
+           "it never gets a t interval. 'Not resolved' means the data do not separate the "
+           "variants, not that they are equal."]
+  if info.get("stop_at_level"):
+    lines.append(f"- Each compared and grid run stopped once it reached {info['stop_at_level']} "
+                 "held-out accuracy on the trained slice; its other metrics are measured at that "
+                 "step (at the budget for runs that never reached it).")
+  return lines + [""]
+
+
+def header(result: dict) -> list[str]:
+  info = result["study"]
+  minutes = sum(r["train_seconds"] for r in result["runs"]
+                if r["train_seconds"] is not None and math.isfinite(r["train_seconds"])) / 60
+  setting = (f"Task `{info['task']}` {info.get('task_params', '')}" if "task_params" in info
+             else f"Text corpus `{info['task']}`, sizes {info['sizes']}")
+  lines = [f"# Study {info['name']}", ""] + _warnings(result) + [
+      info["description"], "",
+      f"{setting}; seq_len {info['seq_len']}; budget {info['steps']} steps of {info['batch']} "
+      f"rows; seeds {info['seeds']} (the same data order for every variant per seed).", "",
+      f"Command: `{info['command']}`", "",
+      f"Wall time of this invocation: {info['wall_seconds'] / 60:.1f} min on "
+      f"{info['machine']}; the runs' own training time, summed: {minutes:.1f} min."]
+  calls = info.get("invocations") or []
+  if len(calls) > 1:  # a resumed study: finished runs were skipped by the later invocations
+    lines += ["Invocations on this root, in order: " + "; ".join(
+        f"{c['wall_seconds'] / 60:.1f} min ({c['trained']} runs trained)" for c in calls) + "."]
+  lines += [""]
+  if result["missing"]:
+    lines += [f"**Not in the tables** (failed or unfinished): {', '.join(result['missing'])}.", ""]
+  return lines + _how_to_read(info)
+
+
+def _grid_cell(cell: dict | None, budget: int) -> str:
+  if cell is None:
+    return "-"
+  if cell.get("failed"):
+    return "failed"
+  if "steps" in cell:
+    if cell["reached"]:
+      return f"{cell['steps']:.0f}"
+    return f">{budget} ({num(cell['val_accuracy'], 2)})"
+  return num(cell["final_loss"], 4)
+
+
+def lr_grid(result: dict) -> list[str]:
+  grid = result["lr_grid"]
+  if not grid:
+    return ["Every variant trained at its preset's learning rate (no grid).", ""]
+  lrs = sorted({float(lr) for by_lr in grid["table"].values() for lr in by_lr})
+  rows = []
+  for cell, by_lr in grid["table"].items():
+    d = grid["decisions"][cell]
+    for seed in map(str, grid["seeds"]):
+      rows.append([cell, seed] + [_grid_cell(by_lr.get(f"{lr:g}", {}).get(seed), grid["steps"])
+                                  for lr in lrs] +
+                  [f"{d['chosen']:g}" if d["chosen"] else "none",
+                   "yes" if d["bracketed"] else "pending" if not d.get("complete", True)
+                   else "**not bracketed**",
+                   "**untuned**" if d["untuned"] else "no"])
+  what = ("steps to reach the level (>budget: never, with the final accuracy)"
+          if grid["metric"].startswith("steps_to") else "final validation loss")
+  return ([f"## Learning rate per variant ({grid['steps']}-step budget, grid seeds "
+           f"{grid['seeds']}, which no compared run uses; judged by `{grid['metric']}`)", "",
+           f"Each cell: {what}; '-': not run (outside this variant's grid)."] + [""] +
+          table(["variant", "seed"] + [f"lr {lr:g}" for lr in lrs] +
+                 ["chosen", "bracketed", "untuned"], rows) + [""])
