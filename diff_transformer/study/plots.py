@@ -43,13 +43,20 @@ def _mean_curves(result: dict, variant: str, size: str = ""):
 
 
 def curves(result: dict, path: Path) -> str:
+  """Every run's curve faint (a run that stopped at the level ends there) and the mean ± std bold
+  over the steps every run of the variant reached."""
   fig, ax = common.figure(size=(6, 3.4))
-  for v in result["summary"]:
+  for i, v in enumerate(result["summary"]):
+    color = f"C{i}"
+    for r in result["runs"]:
+      if r["variant"] == v and r.get("curve"):
+        steps, values = zip(*r["curve"])
+        ax.plot(steps, values, color=color, lw=0.6, alpha=0.35)
     got = _mean_curves(result, v)
     if got:
       xs, mean, std, n = got
-      ax.plot(xs, mean, label=f"{v} (n={n})")
-      ax.fill_between(xs, mean - std, mean + std, alpha=0.2)
+      ax.plot(xs, mean, color=color, lw=2, label=f"{v} (n={n}; mean to the first stop)")
+      ax.fill_between(xs, mean - std, mean + std, color=color, alpha=0.15)
   ax.axhline(0.9, color="k", lw=0.5, ls=":")
   ax.set_xlabel("step")
   ax.set_ylabel("held-out answer accuracy")

@@ -53,8 +53,10 @@ def run(study: Study, study_file: str, root: str | Path, results: str | Path | N
   status, grid = {}, {}
   if study.lr_grid:
     def run_grid(points: list[str]) -> dict[str, dict]:
-      status.update(_run_points(study, study_file, root / GRID_DIR, results, points, jobs,
-                                train, retrain, grid=True))
+      for p, why in _run_points(study, study_file, root / GRID_DIR, results, points, jobs,
+                                train, retrain, grid=True).items():
+        if p not in status or why != "recorded":  # a grown grid's second round keeps "ran"
+          status[p] = why
       found = {p: records.read(results, p, study.get_config(p), grid=True) for p in points}
       return {p: r for p, r in found.items() if r is not None}
     grid = lr_grid.tune(study, run_grid, trained_floor(study))
