@@ -6,11 +6,13 @@ variant's own best grid learning rate, evaluated, with statistics that survive a
     python study.py --study=configs/studies/retrieval.py --quick \\
         --set data.task.num_keys=5 --variants=transformer,diff --seeds=0,1 --name=keys5
 
-Writes <root>/study.json (runs; floors per slice; per-variant summaries with n and censoring;
-the primary comparison and Holm-corrected secondary ones, each with an exact sign-flip p; the
-lr grid), <root>/report.md and plots. Finished runs are skipped and interrupted ones resume,
-so rerunning the same command continues a study. A run that fails is reported by name with its
-log; the others go on, and the study then exits with status 1.
+Writes study.json (runs; floors per slice; per-variant summaries with n and censoring; the
+design; the primary and pre-named secondary comparisons with exact p and Holm, the rest
+descriptive; the lr grid), report.md, plots and one record per run into --results (default: the
+root). Points with a record for their setting are skipped and interrupted runs resume, so
+rerunning the same command continues a study, also from committed records on another machine.
+A run that fails is reported by name with its log; the others go on, and the study then exits
+with status 1.
 """
 from __future__ import annotations
 

@@ -37,7 +37,7 @@ def one_mode(study, points: list[str], jobs: int, steps: int) -> tuple[float, di
           "--config.train.eval_every=25", "--config.train.stop_at_val_accuracy=0.0")
   start = time.perf_counter()
   status = sweep_runner.run(study, STUDY_FILE, str(root), points=points, extra_args=args,
-                            point_args={p: study.grid_args(p)[:2] for p in points}, jobs=jobs)
+                            jobs=jobs)  # a grid point's name carries its lr and seed
   seconds = time.perf_counter() - start
   losses = {p: (sweep_runner.read_summary(str(root / p)) or {}).get("val_loss") for p in points}
   shutil.rmtree(root)

@@ -87,7 +87,7 @@ def test_the_design_check_refuses_what_cannot_conclude_and_names_the_seeds_neede
   exploratory = retrieval().with_options(seeds="0,1,2,3,4", exploratory=True).validate()
   result = dict(study=dict(exploratory=True, design=exploratory.design(),
                            seeds=list(exploratory.seeds)), lr_grid={})
-  first = opening._warnings(result)[0]
+  first = opening.limits(result)[0]
   assert first.startswith("**Exploratory**") and "needs 7" in first
 
 
@@ -242,5 +242,5 @@ def test_a_run_records_its_code_and_a_study_over_two_versions_says_so(tmp_path, 
   # Two runs' records from two commits: the report's first lines say so.
   runs = [dict(code_versions=[provenance.label(now)]), dict(code_versions=[provenance.label(other)])]
   result = dict(study=dict(code_versions=report.code_versions(runs), seeds=[0]), lr_grid={})
-  first = opening._warnings(result)[0]
+  first = opening.limits(result)[0]
   assert first.startswith("**Runs from 2 code versions**") and "0000000000" in first

@@ -11,10 +11,12 @@ Design (checked before any run, study/definition.py):
   metric is descriptive (no p).
 - Budget 1200 steps, each run stopping once it reaches 0.9 (its secondaries are measured at
   that step). Sized by extrapolation: in the 600-step study of 2026-11-25 the Transformer
-  reached 0.9 on 2 of 5 seeds, its other runs on course for about 625, 780 and 960 steps; 1200
-  leaves room for 4 of 5 of every variant. The grid's runs (2 seeds x every lr, full budget)
-  are the pilot: the report shows how many reached 0.9 at each lr.
-- lr grid: geometric, ratio 1.5 (2e-3 ... 6.75e-3; 1e-2 diverged for every variant before),
+  reached 0.9 on 2 of 5 seeds, its other runs on course for about 625, 780 and 960 steps (read
+  off their curves); 1200 leaves room for 4 of 5 of every variant. The grid's runs (2 seeds x
+  every lr, full budget) are the pilot: the report shows how many reached 0.9 at each lr. In
+  the rerun (docs/results/study_retrieval) every compared run reached 0.9 by step 725.
+- lr grid: geometric, ratio 1.5 (2e-3 ... 6.75e-3; at 1e-2 no variant learned in the 400-step
+  grid before),
   judged by steps to 0.9 at the full budget on seeds 1000 and 1001, grown at an end (up to 2
   points a side) until the chosen lr is bracketed.
 

@@ -9,6 +9,9 @@ STUDY.get_config`, so a point trains as `python train.py --config=<file>:<point>
   which no compared run uses, so the lr is not picked on the seeds that are then compared. The
   grid is judged by the study's primary metric at the full budget (study/grid.py).
 
+The runner pins what the in-process study decided (lr, grid steps and seed, overrides) on each
+child's command line, so a child that loads the study file afresh trains exactly that point.
+
 The design is checked before any run (`validate`): the primary family (one comparison per
 variant against the Transformer, Holm-corrected) must be able to reach p < 0.05 at the study's
 number of seeds, or the study is refused unless marked exploratory.
@@ -120,9 +123,10 @@ class Study:
   def grid_point(self, cell: str, lr: float, seed: int) -> str:
     return f"{cell}-lr{lr:g}-s{seed}"
 
-  def grid_points(self, lrs: tuple[float, ...] | None = None) -> list[str]:
+  def grid_points(self) -> list[str]:
+    """The base grid's points (study/grid.py may grow it beyond either end)."""
     return [self.grid_point(c, lr, s) for c in self.grid_cells()
-            for lr in (self.lr_grid if lrs is None else lrs) for s in self.lr_grid_seeds]
+            for lr in self.lr_grid for s in self.lr_grid_seeds]
 
   def grid_cell(self, point: str) -> str:
     """The grid cell whose chosen lr a compared point trains at."""
@@ -135,15 +139,13 @@ class Study:
 
   def parse(self, point: str) -> Point:
     cell, _, seed = point.rpartition("-s")
-    lr = None
-    if "-lr" in cell:
-      cell, _, lr_text = cell.rpartition("-lr")
-      lr = _number(lr_text, float)
+    cell, has_lr, lr_text = cell.rpartition("-lr") if "-lr" in cell else (cell, "", "")
+    lr = _number(lr_text, float) if has_lr else None
     variant, _, size = cell.partition("-")
     number = _number(seed, int)
     grid_seed = number is not None and number[0] in self.lr_grid_seeds
     if (variant not in self.variants or size not in (self.sizes or ("",)) or not number or
-        (lr is None) == ("-lr" in point) or (lr is not None) != grid_seed):
+        (has_lr and lr is None) or bool(has_lr) != grid_seed):
       raise ConfigError(f"study {self.name}: unknown point '{point}'; points are "
                         f"<variant>{'-<size>' if self.sizes else ''}-s<seed> or "
                         f"-lr<lr>-s<grid seed {list(self.lr_grid_seeds)}> with variant in "
@@ -158,8 +160,7 @@ class Study:
       _set(config, key, value)
     t = config.train
     if p.lr is not None:
-      t.final_lr = t.final_lr / t.lr * p.lr  # keep the preset's decay ratio
-      t.lr = p.lr
+      _at_lr(t, p.lr)
       if self.lr_grid_steps:
         t.steps = t.checkpoint_every = self.lr_grid_steps
         t.eval_every = min(t.eval_every, t.steps)
@@ -173,8 +174,7 @@ class Study:
     """The config a point trains with: a compared point at the lr its grid chose."""
     config = self.get_config(point)
     if lr is not None:
-      t = config.train
-      t.final_lr, t.lr = t.final_lr / t.lr * lr, lr
+      _at_lr(config.train, lr)
     return config
 
   def lr_args(self, point: str, lr: float) -> tuple[str, ...]:
@@ -253,6 +253,10 @@ class Study:
         raise ConfigError(f"study {self.name}: point {point} trains on text; primary metric "
                           f"'{self.primary}' needs a synthetic task")
     return self
+
+
+def _at_lr(train: ml_collections.ConfigDict, lr: float) -> None:
+  train.final_lr, train.lr = train.final_lr / train.lr * lr, lr  # keep the preset's decay ratio
 
 
 def _number(text: str, kind: type) -> tuple | None:

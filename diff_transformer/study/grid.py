@@ -36,8 +36,8 @@ def score(study: Study, runs: list[dict]) -> tuple:
   if not study.level:
     return (loss,)
   reached = sum(bool(r["reached"]) for r in ok)
-  steps = np.mean([r["steps_to_level"] if r["reached"] else r["budget"] for r in runs
-                   if not r.get("failed")] + [r["budget"] for r in runs if r.get("failed")])
+  steps = np.mean([r["budget"] if r.get("failed") or not r["reached"] else r["steps_to_level"]
+                   for r in runs])
   return (-reached, float(steps), loss)
 
 
@@ -93,9 +93,10 @@ def tune(study: Study, run_points: Callable[[list[str]], dict[str, dict]], floor
       side = decisions[cell]["extend"]
       beyond = [lr for lr in lrs[cell] if (lr < study.lr_grid[0] if side == "below"
                                            else lr > study.lr_grid[-1])]
+      grows = bool(side) and len(beyond) < study.lr_grid_extend
       complete = all(p in records for ps in by_lr.values() for p in ps)
-      decisions[cell]["complete"] = complete and not (side and len(beyond) < study.lr_grid_extend)
-      if side and len(beyond) < study.lr_grid_extend and complete:
+      decisions[cell]["complete"] = complete and not grows
+      if grows and complete:
         lrs[cell] = sorted(lrs[cell] + [extended(lrs[cell], side, study.lr_grid)])
         grew = True
     if not grew:

@@ -1,5 +1,6 @@
-"""report.md of a study (from report.build's result): the primary comparison first, then the
-secondary tables with Holm-adjusted p, floors beside every accuracy, n in every cell."""
+"""report.md of a study (from report.build's result): the opening (study/opening.py), the primary
+comparison, floors beside every accuracy, the pre-named secondary family with Holm-adjusted p,
+then every other metric as descriptive (no p); n in every cell."""
 from __future__ import annotations
 
 import math
@@ -11,10 +12,10 @@ from diff_transformer.study.cells import diff, num, pm, table
 from diff_transformer.study.definition import BASELINE
 from diff_transformer.study.report import informative_slices
 
-SECONDARY_TASK = ("val_accuracy", "final_loss", "first_query_accuracy", "answer_share",
+TASK_METRICS = ("val_accuracy", "final_loss", "first_query_accuracy", "answer_share",
                   "abs_answer_share", "distractor_share", "abs_distractor_share", "noise_share",
                   "abs_noise_share", "negative_mass", "noise_negative_mass", "logit_top1")
-SECONDARY_TEXT = ("loss", "ar_hit_loss", "others_loss")
+TEXT_METRICS = ("loss", "ar_hit_loss", "others_loss")
 
 
 def _sizes(result: dict) -> list[str]:
@@ -111,7 +112,7 @@ def _text_tables(result: dict, root: Path) -> list[str]:
   summary = result["summary"]
   lines = []
   for size in _sizes(result):
-    rows = [[v] + [pm(summary[v].get(_at(m, size))) for m in SECONDARY_TEXT] for v in summary]
+    rows = [[v] + [pm(summary[v].get(_at(m, size))) for m in TEXT_METRICS] for v in summary]
     lines += [f"## Size {size}: validation loss and its AR-hit / others split (Table 6 analog)",
               ""] + table(["variant", "val loss", "AR-hit loss", "others loss"], rows) + [""]
   lines += [f"![loss vs tokens]({plots.loss_vs_tokens(result, root / 'loss_vs_tokens.png')})",
@@ -126,10 +127,10 @@ def write(result: dict, root: Path) -> Path:
   elif "task_params" in result["study"]:
     slices = [f"accuracy:{s}" for s in result["runs"][0]["accuracy"]]
     lines += _task_primary(result) + _speed_notes(result) + _task_slices(result, root)
-    lines += _secondary(result, [m for m in SECONDARY_TASK + tuple(slices)
+    lines += _secondary(result, [m for m in TASK_METRICS + tuple(slices)
                                  if m != result["study"]["primary"]])
   else:
-    metrics = [_at(m, z) for z in _sizes(result) for m in SECONDARY_TEXT]
+    metrics = [_at(m, z) for z in _sizes(result) for m in TEXT_METRICS]
     primary = result["study"]["primary"]
     lines += ([f"## Primary: `{primary}`", ""] +
               table(["variant", "mean ± std", "paired difference vs Transformer"],

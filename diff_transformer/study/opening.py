@@ -8,7 +8,7 @@ import math
 from diff_transformer.study.cells import num, table
 
 
-def _warnings(result: dict) -> list[str]:
+def limits(result: dict) -> list[str]:
   """The report's first lines: what limits every reading below."""
   info, grid = result["study"], result["lr_grid"]
   design = info.get("design", {})
@@ -75,7 +75,7 @@ def header(result: dict) -> list[str]:
                 if r["train_seconds"] is not None and math.isfinite(r["train_seconds"])) / 60
   setting = (f"Task `{info['task']}` {info.get('task_params', '')}" if "task_params" in info
              else f"Text corpus `{info['task']}`, sizes {info['sizes']}")
-  lines = [f"# Study {info['name']}", ""] + _warnings(result) + [
+  lines = [f"# Study {info['name']}", ""] + limits(result) + [
       info["description"], "",
       f"{setting}; seq_len {info['seq_len']}; budget {info['steps']} steps of {info['batch']} "
       f"rows; seeds {info['seeds']} (the same data order for every variant per seed).", "",

@@ -20,6 +20,8 @@ from diff_transformer.training.run_record import differences, setting
 
 RECORDS = "records"
 GRID = "lr_grid"
+
+
 def path(results: Path, point: str, grid: bool = False) -> Path:
   return Path(results) / RECORDS / (GRID if grid else "") / f"{point}.json"
 
@@ -30,7 +32,8 @@ def write(results: Path, point: str, record: dict, config: ml_collections.Config
   record = dict(point=point, **record, setting=setting(config))
   target = path(results, point, grid)
   target.parent.mkdir(parents=True, exist_ok=True)
-  if target.is_file() and read(results, point, config, grid) is None:  # another setting's
+  old = _load(target)
+  if old is not None and differences(record["setting"], old.get("setting", {})):
     os.replace(target, target.with_name(f"{target.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}"))
   tmp = target.with_suffix(".json.tmp")
   tmp.write_text(json.dumps(record, indent=None, separators=(",", ":")) + "\n")
@@ -41,11 +44,16 @@ def write(results: Path, point: str, record: dict, config: ml_collections.Config
 def read(results: Path, point: str, config: ml_collections.ConfigDict, grid: bool = False
          ) -> dict | None:
   """The point's record if there is one for exactly this setting, else None."""
-  target = path(results, point, grid)
+  record = _load(path(results, point, grid))
+  if record is None or differences(setting(config), record.get("setting", {})):
+    return None
+  return record
+
+
+def _load(target: Path) -> dict | None:
   if not target.is_file():
     return None
   try:
-    record = json.loads(target.read_text())
+    return json.loads(target.read_text())
   except json.JSONDecodeError:
     return None  # a damaged record is retrained, never trusted
-  return record if not differences(setting(config), record.get("setting", {})) else None

@@ -1,5 +1,6 @@
-"""study.json of a study's collected runs: per-variant summaries, floors, censoring, the primary
-comparison and the Holm-corrected secondary ones (report.md and plots: study/markdown.py)."""
+"""study.json of a study's collected runs: per-variant summaries, floors, censoring, the design,
+the paired comparisons (primary and pre-named secondary families Holm-corrected, the rest
+descriptive) and the code versions (report.md and plots: study/markdown.py)."""
 from __future__ import annotations
 
 import json
@@ -62,8 +63,10 @@ CENSORED = {"steps_to_90": "reached_90"}  # a time censored at the budget -> its
 
 
 def _censored_by_seed(runs: list[dict], variant: str, metric: str) -> dict[int, tuple]:
-  return {r["seed"]: (r[metric], bool(r[CENSORED[metric]])) for r in runs
-          if r["variant"] == variant and r.get(metric) is not None}
+  """{seed: (time, reached)} of a censored metric (named <metric>@<size> in a sized study)."""
+  name, _, size = metric.partition("@")
+  return {r["seed"]: (r[name], bool(r[CENSORED[name]])) for r in runs
+          if r["variant"] == variant and r["size"] == size and r.get(name) is not None}
 
 
 def family(study: Study, metric: str) -> str:

@@ -98,21 +98,25 @@ def _run_points(study: Study, study_file: str, root: Path, results: Path, points
       on_done(p, str(root / p))
       sweep_runner.raise_if_stopped()
     elif why.startswith("failed") and grid:  # a diverged grid run is a result of the grid
-      log = root / p / "sweep.log"
-      lines = log.read_text(errors="replace").strip().splitlines() if log.is_file() else []
-      records.write(results, p, dict(lr=study.parse(p).lr, seed=study.parse(p).seed,
-                                     budget=configs[p].train.steps,
-                                     failed=(lines or [why])[-1][-300:]), configs[p], grid=True)
+      _grid_point_record(study, p, root / p, results, configs[p], failed=why)
   status.update(ran)
   return status
 
 
-def _grid_point_record(study: Study, point: str, workdir: Path, results: Path, config) -> None:
+def _grid_point_record(study: Study, point: str, workdir: Path, results: Path, config,
+                       failed: str = "") -> None:
+  """A grid run's record; a failed run's holds the last line of its log instead of results."""
+  out = dict(lr=study.parse(point).lr, seed=study.parse(point).seed, budget=config.train.steps)
+  if failed:
+    log = workdir / "sweep.log"
+    lines = log.read_text(errors="replace").strip().splitlines() if log.is_file() else []
+    records.write(results, point, dict(out, failed=(lines or [failed])[-1][-300:]), config,
+                  grid=True)
+    return
   summary = sweep_runner.read_summary(str(workdir)) or {}
   rows = _metrics(workdir)
   points = curve(rows, "val_accuracy" if study.level else "val_loss")
-  out = dict(lr=study.parse(point).lr, seed=study.parse(point).seed, budget=config.train.steps,
-             steps=summary.get("step"), final_loss=summary.get("val_loss"),
+  out.update(steps=summary.get("step"), final_loss=summary.get("val_loss"),
              val_accuracy=summary.get("val_accuracy"),
              unigram_entropy=summary.get("unigram_entropy"), train_seconds=_train_seconds(rows),
              code_versions=_code_versions(workdir), curve=points)

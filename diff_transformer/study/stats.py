@@ -1,10 +1,11 @@
-"""Per-variant summaries, paired comparisons against the baseline over seeds, an exact sign-flip
-test, Holm's correction and medians of censored times.
+"""Per-variant summaries, paired comparisons against the baseline over seeds (an exact sign-flip
+test; for times censored at a budget, a sign test on the pairs whose order is known), Holm's
+correction, medians of censored times, and what a design can reach.
 
-Why these: at 3-5 seeds a t interval rests on a normality nobody can check, so every paired
-difference also carries an exact permutation p (all 2^n sign flips of the per-seed
-differences); with n pairs the smallest two-sided p is 2 / 2^n (0.0625 at n = 5), which is what
-n can show. Secondary metrics are many, so their p values are Holm-adjusted as one family.
+Why these: at a handful of seeds a t interval rests on a normality nobody can check, so every
+paired difference carries an exact p; with n pairs the smallest two-sided p is 2 / 2^n (0.0625 at
+n = 5), and a Holm family of m comparisons cannot go below m times that (`smallest_holm_p`), which
+is what a study's design check (study/definition.py) holds against 0.05.
 """
 from __future__ import annotations
 

@@ -20,10 +20,10 @@ from pathlib import Path
 import jax
 import ml_collections
 
+from diff_transformer import provenance
 from diff_transformer.config import base_config
 from diff_transformer.data import assert_compatible, describe
 from diff_transformer.data.tokenizer import load_tokenizer
-from diff_transformer import provenance
 from diff_transformer.errors import DataError, TrainError, last_line, read_json
 from diff_transformer.tree import flatten
 
