@@ -30,7 +30,7 @@ from absl import flags, logging  # noqa: E402
 
 from diff_transformer.errors import ConfigError  # noqa: E402
 from diff_transformer.study import markdown, report, runner  # noqa: E402
-from diff_transformer.sweeps import runner as sweep_runner  # noqa: E402
+from diff_transformer import launch  # noqa: E402
 
 flags.DEFINE_string("study", "configs/studies/retrieval.py", "Study file (defines STUDY).")
 flags.DEFINE_string("root", "", "Directory of the study's runs (default runs/studies/<name>).")
@@ -69,7 +69,7 @@ def command() -> str:
 
 def main(argv):
   del argv
-  sweep_runner.stop_on_sigterm()
+  launch.stop_on_sigterm()
   logging.set_verbosity(logging.WARNING)
   start = time.perf_counter()
   # The whole file's points, also when running --quick; the design of what runs, below.
@@ -84,7 +84,7 @@ def main(argv):
   results = cli.output_dir(FLAGS.results, "--results") if FLAGS.results else root
   with contextlib.ExitStack() as held:  # one driver per root (and per results directory)
     for folder in dict.fromkeys((root, results)):
-      held.enter_context(sweep_runner.holding(folder, "study.py"))
+      held.enter_context(launch.holding(folder, "study.py"))
     status, grid = runner.run(study, FLAGS.study, root, results, jobs=FLAGS.jobs,
                               train=not FLAGS.report_only, retrain=FLAGS.retrain_changed)
     runs = runner.collect(study, results, grid)

@@ -17,7 +17,8 @@ cli.default_platform()
 
 from absl import flags  # noqa: E402
 
-from diff_transformer.sweeps import report, runner  # noqa: E402
+from diff_transformer import launch  # noqa: E402
+from diff_transformer.sweeps import report  # noqa: E402
 from diff_transformer.sweeps.definition import SweepError  # noqa: E402
 
 flags.DEFINE_string("sweep", "configs/sweeps/cpu.py", "Sweep definition file (defines SWEEP).")
@@ -32,7 +33,7 @@ FLAGS = flags.FLAGS
 
 def main(argv):
   del argv
-  runner.stop_on_sigterm()
+  launch.stop_on_sigterm()
   sweep = cli.load_definition(FLAGS.sweep, "sweep", "SWEEP", SweepError)
   root = FLAGS.root or os.path.join("runs", "sweeps", sweep.name)
   sweep.validate()
@@ -40,8 +41,8 @@ def main(argv):
   if local:
     root = str(cli.output_dir(root, "--root"))
   if not FLAGS.collect_only:
-    with runner.holding(root, "sweep.py") if local else contextlib.nullcontext():
-      status = runner.run(sweep, FLAGS.sweep, root, mode=FLAGS.mode, launcher=FLAGS.launcher,
+    with launch.holding(root, "sweep.py") if local else contextlib.nullcontext():
+      status = launch.run(sweep, FLAGS.sweep, root, mode=FLAGS.mode, launcher=FLAGS.launcher,
                           check_settings=True, retrain=FLAGS.retrain_changed)
     print(json.dumps({k: sum(v == k for v in status.values()) for k in ("skipped", "ran", "printed")}))
     if FLAGS.mode == "print":

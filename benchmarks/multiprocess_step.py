@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from diff_transformer.data import prepare_files  # noqa: E402
+from diff_transformer.run_folder import RunFolder  # noqa: E402
 WORDS = "the king queen sword crown night day love death fool storm sea ship letter".split()
 
 
@@ -61,7 +62,7 @@ def main() -> None:
     _, err = proc.communicate(timeout=900)
     if proc.returncode:
       sys.exit(err[-3000:])
-  rows = [json.loads(line) for line in (tmp / "run" / "metrics.jsonl").read_text().splitlines()]
+  rows = RunFolder(tmp / "run").metric_rows()
   tokens = flags["train.global_batch_size"] * flags["data.seq_len"]
   ms = [1e3 * tokens / r["tokens_per_s"] for r in rows
         if r["kind"] == "train" and np.isfinite(r.get("tokens_per_s", np.nan))]

@@ -27,7 +27,8 @@ from configs import synthetic as presets  # noqa: E402
 from diff_transformer.evaluation import outliers  # noqa: E402
 from diff_transformer.model.attention.shared_diff import LOWRANK_INITS  # noqa: E402
 from diff_transformer.model.spec import ModelSpec  # noqa: E402
-from diff_transformer.study.runner import curve, first_step  # noqa: E402
+from diff_transformer.run_folder import RunFolder  # noqa: E402
+from diff_transformer.study.run_metrics import curve, first_step  # noqa: E402
 from diff_transformer.study.stats import censored_median, summarize  # noqa: E402
 
 
@@ -45,12 +46,11 @@ def train(arm: str, seed: int, steps: int, root: Path) -> dict:
           f"--workdir={workdir}", f"--config.train.steps={steps}",
           f"--config.train.checkpoint_every={steps}", f"--config.train.seed={seed}",
           f"--config.data.seed={seed}"] + ([f"--config.model.lowrank_init={init}"] if init else [])
-  if not (workdir / "summary.json").is_file():
+  if RunFolder(workdir).read_summary() is None:
     workdir.mkdir(parents=True, exist_ok=True)
     with open(workdir / "train.log", "w") as log:
       subprocess.run(args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, check=True)
-  rows = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
-  points = curve(rows)
+  points = curve(RunFolder(workdir).metric_rows())
   step, reached = first_step(points, 0.9)
   return dict(arm=arm, seed=seed, final_accuracy=points[-1][1], steps_to_90=step,
               reached_90=reached)

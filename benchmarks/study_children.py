@@ -26,7 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from diff_transformer import cli  # noqa: E402
-from diff_transformer.sweeps import runner as sweep_runner  # noqa: E402
+from diff_transformer import launch  # noqa: E402
+from diff_transformer.run_folder import RunFolder  # noqa: E402
 
 STUDY_FILE = "configs/studies/retrieval.py"
 
@@ -36,10 +37,10 @@ def one_mode(study, points: list[str], jobs: int, steps: int) -> tuple[float, di
   args = (f"--config.train.steps={steps}", f"--config.train.checkpoint_every={steps}",
           "--config.train.eval_every=25", "--config.train.stop_at_val_accuracy=0.0")
   start = time.perf_counter()
-  status = sweep_runner.run(study, STUDY_FILE, str(root), points=points, extra_args=args,
+  status = launch.run(study, STUDY_FILE, str(root), points=points, extra_args=args,
                             jobs=jobs)  # a grid point's name carries its lr and seed
   seconds = time.perf_counter() - start
-  losses = {p: (sweep_runner.read_summary(str(root / p)) or {}).get("val_loss") for p in points}
+  losses = {p: (RunFolder(root / p).read_summary() or {}).get("val_loss") for p in points}
   shutil.rmtree(root)
   assert all(s == "ran" for s in status.values()), status
   return seconds, losses

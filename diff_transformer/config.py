@@ -95,7 +95,7 @@ def base_config() -> ml_collections.ConfigDict:
       # Stop when a step's loss exceeds this many times the running mean of the losses before
       # it (as with a non-finite loss, checkpoints that led to it are set aside); 0 = off.
       max_loss_spike=0.0,
-      # Stop (saving, and writing summary.json as a finished run) at the first evaluation whose
+      # Stop (saving, and writing the run's summary as a finished run) at the first evaluation whose
       # validation accuracy reaches this level; 0 = off. Studies timing steps to a level use it.
       stop_at_val_accuracy=0.0,
       peak_tflops=0.0,  # per-device peak for MFU; 0 = look up the device kind

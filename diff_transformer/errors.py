@@ -32,6 +32,13 @@ class EvalError(UserError, ValueError):
   """Bad evaluation input; the message is one line naming the flag, path or limit."""
 
 
+class Stopped(UserError):
+  """A driver (study.py, sweep.py) was told to stop by SIGTERM (launch.stop_on_sigterm).
+  Raised from a signal handler, it can surface inside any library call: code that reads a
+  library failure as damage (a checkpoint restore) re-raises it instead."""
+  requests: list[int] = []  # the signals received: remembered where Python drops the raise
+
+
 def message_lines(e: BaseException) -> list[str]:
   return [l.strip() for l in str(e).strip().splitlines() if l.strip()]
 

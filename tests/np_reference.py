@@ -62,22 +62,22 @@ def diff_v1(x_BTD, w, *, h, K, d, layer, seg=None, theta=1e4, subln=True, shared
   """DIFF V1 (or Shared DIFF with shared=True) attention sub-layer, float64."""
   B, T, _ = x_BTD.shape
   pos = np.arange(T, dtype=np.float64)
-  lam = (np.exp(np.sum(w["lq1"] * w["lk1"])) - np.exp(np.sum(w["lq2"] * w["lk2"]))
-         + lambda_init(layer))
+  lam = (np.exp(np.sum(w["lambda_q1"] * w["lambda_k1"]))
+         - np.exp(np.sum(w["lambda_q2"] * w["lambda_k2"])) + lambda_init(layer))
   out = np.zeros((B, T, h * 2 * d))
   for b in range(B):
     x = x_BTD[b]
     if shared:
-      q1 = (x @ w["wq"] + x @ w["uq1"] @ w["vq1"]).reshape(T, h, d)
-      q2 = (x @ w["wq"] + x @ w["uq2"] @ w["vq2"]).reshape(T, h, d)
-      k1 = (x @ w["wk"] + x @ w["uk1"] @ w["vk1"]).reshape(T, K, d)
-      k2 = (x @ w["wk"] + x @ w["uk2"] @ w["vk2"]).reshape(T, K, d)
+      q1 = (x @ w["wq/kernel"] + x @ w["u_q1/kernel"] @ w["v_q1/kernel"]).reshape(T, h, d)
+      q2 = (x @ w["wq/kernel"] + x @ w["u_q2/kernel"] @ w["v_q2/kernel"]).reshape(T, h, d)
+      k1 = (x @ w["wk/kernel"] + x @ w["u_k1/kernel"] @ w["v_k1/kernel"]).reshape(T, K, d)
+      k2 = (x @ w["wk/kernel"] + x @ w["u_k2/kernel"] @ w["v_k2/kernel"]).reshape(T, K, d)
     else:
-      q = (x @ w["wq"]).reshape(T, 2 * h, d)
-      k = (x @ w["wk"]).reshape(T, 2 * K, d)
+      q = (x @ w["wq/kernel"]).reshape(T, 2 * h, d)
+      k = (x @ w["wk/kernel"]).reshape(T, 2 * K, d)
       q1, q2 = q[:, 0::2], q[:, 1::2]  # head i: sub-heads 2i, 2i+1
       k1, k2 = k[:, 0::2], k[:, 1::2]
-    v = (x @ w["wv"]).reshape(T, K, 2 * d)
+    v = (x @ w["wv/kernel"]).reshape(T, K, 2 * d)
     q1, q2, k1, k2 = (rope(t, pos, theta) for t in (q1, q2, k1, k2))
     ok = allowed(None if seg is None else seg[b], T)
     for i in range(h):
@@ -86,10 +86,10 @@ def diff_v1(x_BTD, w, *, h, K, d, layer, seg=None, theta=1e4, subln=True, shared
       a2 = softmax_map(q2[:, i], k2[:, g], ok, d ** -0.5)
       head = (a1 - lam * a2) @ v[:, g]
       if subln:
-        head = head / np.sqrt(np.mean(head ** 2, -1, keepdims=True) + EPS) * w["gain"]
+        head = head / np.sqrt(np.mean(head ** 2, -1, keepdims=True) + EPS) * w["subln_scale"]
         head = head * (1 - lambda_init(layer))
       out[b, :, i * 2 * d:(i + 1) * 2 * d] = head
-  return out @ w["wo"]
+  return out @ w["wo/kernel"]
 
 
 def diff_v2(x_BTD, w, *, h, K, d, seg=None, theta=1e4, pairing="interleaved", lam_mode="sigmoid"):
@@ -98,18 +98,18 @@ def diff_v2(x_BTD, w, *, h, K, d, seg=None, theta=1e4, pairing="interleaved", la
   out = np.zeros((B, T, h * d))
   for b in range(B):
     x = x_BTD[b]
-    q = rope((x @ w["wq"]).reshape(T, 2 * h, d), pos, theta)
-    k = rope((x @ w["wk"]).reshape(T, K, d), pos, theta)
-    v = (x @ w["wv"]).reshape(T, K, d)
+    q = rope((x @ w["wq/kernel"]).reshape(T, 2 * h, d), pos, theta)
+    k = rope((x @ w["wk/kernel"]).reshape(T, K, d), pos, theta)
+    v = (x @ w["wv/kernel"]).reshape(T, K, d)
     ok = allowed(None if seg is None else seg[b], T)
     o = [softmax_map(q[:, n], k[:, n // (2 * h // K)], ok, d ** -0.5) @ v[:, n // (2 * h // K)]
          for n in range(2 * h)]
-    raw = x @ w["wlambda"] if lam_mode != "none" else np.ones((T, h))
+    raw = x @ w["wlambda/kernel"] if lam_mode != "none" else np.ones((T, h))
     lam = 1 / (1 + np.exp(-raw)) if lam_mode == "sigmoid" else raw
     for j in range(h):
       a, c = (2 * j, 2 * j + 1) if pairing == "interleaved" else (j, h + j)
       out[b, :, j * d:(j + 1) * d] = o[a] - lam[:, j:j + 1] * o[c]
-  return out @ w["wo"]
+  return out @ w["wo/kernel"]
 
 
 def transformer(x_BTD, w, *, N, K, d, seg=None, theta=1e4):
@@ -118,11 +118,11 @@ def transformer(x_BTD, w, *, N, K, d, seg=None, theta=1e4):
   out = np.zeros((B, T, N * d))
   for b in range(B):
     x = x_BTD[b]
-    q = rope((x @ w["wq"]).reshape(T, N, d), pos, theta)
-    k = rope((x @ w["wk"]).reshape(T, K, d), pos, theta)
-    v = (x @ w["wv"]).reshape(T, K, d)
+    q = rope((x @ w["wq/kernel"]).reshape(T, N, d), pos, theta)
+    k = rope((x @ w["wk/kernel"]).reshape(T, K, d), pos, theta)
+    v = (x @ w["wv/kernel"]).reshape(T, K, d)
     ok = allowed(None if seg is None else seg[b], T)
     for n in range(N):
       g = n // (N // K)
       out[b, :, n * d:(n + 1) * d] = softmax_map(q[:, n], k[:, g], ok, d ** -0.5) @ v[:, g]
-  return out @ w["wo"]
+  return out @ w["wo/kernel"]

@@ -32,21 +32,11 @@ def make(variant, kv, seed, **kw):
   return spec, attn
 
 
-def weights(attn) -> dict:
-  get = lambda m: np.asarray(m.kernel[...], np.float64)
-  w = {}
-  for name in ("wq", "wk", "wv", "wo", "wlambda"):
-    if hasattr(attn, name):
-      w[name] = get(getattr(attn, name))
-  for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
-    if hasattr(attn, name):
-      w["l" + name[-2:]] = np.asarray(getattr(attn, name)[...], np.float64)
-  if hasattr(attn, "subln_scale"):
-    w["gain"] = np.asarray(attn.subln_scale[...], np.float64)
-  for s in ("q1", "q2", "k1", "k2"):
-    if hasattr(attn, f"u_{s}"):
-      w[f"u{s}"], w[f"v{s}"] = get(getattr(attn, f"u_{s}")), get(getattr(attn, f"v_{s}"))
-  return w
+def weights(attn) -> dict[str, np.ndarray]:
+  """The module's own parameters, float64, by their paths ('wq/kernel', 'lambda_q1'): the oracle
+  reads what the module holds, so a new parameter needs no line here."""
+  return {"/".join(map(str, path)): np.asarray(v[...], np.float64)
+          for path, v in nnx.to_flat_state(nnx.state(attn, nnx.Param))}
 
 
 def expected(variant, spec, attn, x, seg):

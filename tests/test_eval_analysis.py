@@ -4,7 +4,7 @@ import pytest
 from flax import nnx
 
 from diff_transformer.data import ByteTokenizer
-from diff_transformer.evaluation import attention, common, icl, loss, needle, outliers
+from diff_transformer.evaluation import attention, common, icl, loss, needle, ngram, outliers
 from diff_transformer.model import build_model
 from diff_transformer.model.spec import ModelSpec
 
@@ -115,6 +115,69 @@ def test_ar_hits():
   # (5,6) seen at 0 -> hit at 2; (6,5) seen at 1 -> hit at 3; (5,7) new; (7,5) new;
   # position 6 starts a new segment, so (5,6) there is not a hit.
   assert loss.ar_hits(x, y, seg).tolist() == [[0, 0, 1, 1, 0, 0, 0, 0]]
+
+
+def _brute_force_hits(x, y, seg, context):
+  """Scan every earlier position of the same segment for the same (context + 1)-gram."""
+  hits = np.zeros(x.shape, bool)
+  for b in range(x.shape[0]):
+    for t in range(x.shape[1]):
+      if t - context + 1 < 0 or len(set(seg[b, t - context + 1:t + 1].tolist())) > 1:
+        continue
+      gram = (*x[b, t - context + 1:t + 1].tolist(), y[b, t])
+      hits[b, t] = any(
+          seg[b, s - context + 1] == seg[b, s] == seg[b, t] and
+          (*x[b, s - context + 1:s + 1].tolist(), y[b, s]) == gram
+          for s in range(context - 1, t))
+  return hits
+
+
+@pytest.mark.parametrize("context", [1, 2, 4])
+def test_ar_hit_mask_matches_a_brute_force_scan(context):
+  rng = np.random.default_rng(context)
+  stream = rng.integers(0, 2, (3, 81))  # 2 symbols: n-grams recur often
+  x, y = stream[:, :-1], stream[:, 1:]
+  seg = np.cumsum(rng.random((3, 80)) < 0.04, axis=1) + 1
+  expected = _brute_force_hits(x, y, seg, context)
+  assert expected.sum() > 10 and (~expected).sum() > 10  # both kinds occur
+  assert (loss.ar_hits(x, y, seg, context) == expected).all()
+
+
+def test_ngram_baseline_matches_a_hand_computation():
+  # Training stream a b a b a c (ids 0, 1, 2), vocab 3, context 1 (a Witten-Bell bigram model).
+  model = ngram.NGram(np.array([0, 1, 0, 1, 0, 2]), vocab=3, context=1)
+  # unigram: c(a)=3, c(b)=2, c(c)=1, N=6, T=3 types: P0(w) = (c(w) + 3 * 1/3) / (6 + 3)
+  p0 = {0: 4 / 9, 1: 3 / 9, 2: 2 / 9}
+  # after a: followers b, b, c: c(a)=3, T(a)=2 -> P(b|a) = (2 + 2 P0(b)) / 5
+  assert model.prob(np.array([[0]]), np.array([1]), np.array([1]))[0] == pytest.approx(
+      (2 + 2 * p0[1]) / 5)
+  assert model.prob(np.array([[0]]), np.array([1]), np.array([0]))[0] == pytest.approx(
+      (0 + 2 * p0[0]) / 5)
+  # after c: never seen as a context -> the unigram; no context available -> the unigram too
+  assert model.prob(np.array([[2]]), np.array([1]), np.array([0]))[0] == pytest.approx(p0[0])
+  assert model.prob(np.array([[0]]), np.array([0]), np.array([1]))[0] == pytest.approx(p0[1])
+  # a distribution over the vocabulary for every history
+  for h in range(3):
+    total = model.prob(np.full((3, 1), h), np.ones(3, int), np.arange(3)).sum()
+    assert total == pytest.approx(1.0)
+
+
+def test_loss_suite_scores_the_ngram_baseline_on_the_same_tokens(sharp_model, batch):
+  rng = np.random.default_rng(3)
+  rows = np.tile(rng.integers(0, 50, (4, 16)), (1, 5))[:, :65]  # each row repeats 16 tokens
+  repeated = dict(inputs=rows[:, :-1], targets=rows[:, 1:], weights=np.ones((4, 64), np.float32),
+                  positions=np.broadcast_to(np.arange(64), (4, 64)),
+                  segment_ids=np.ones((4, 64), np.int32))
+  model = ngram.NGram(np.asarray(batch["inputs"]).reshape(-1), sharp_model.spec.vocab_size, 2)
+  r = loss.evaluate(common.Fns(sharp_model), [repeated], context=2, ngram=model)
+  # the gram (x_15, x_0, y_0) first ends at t = 16, so from t = 17 on every gram repeats
+  assert r["ar_hit"]["tokens"] == 4 * (64 - 17)
+  for key in ("all", "ar_hit", "others"):
+    assert np.isfinite(r[key]["ngram_loss"]) and r[key]["ngram_loss"] > 0
+  n = r["all"]["tokens"]
+  mixed = (r["ar_hit"]["ngram_loss"] * r["ar_hit"]["tokens"] +
+           r["others"]["ngram_loss"] * r["others"]["tokens"]) / n
+  assert mixed == pytest.approx(r["all"]["ngram_loss"])
 
 
 def test_icl_alternating_order_and_constrained_scoring(sharp_model):

@@ -38,9 +38,19 @@ def test_the_wheel_installs_every_package_and_the_programs_import_from_it(tmp_pa
   missing = [p for p in sorted(source_packages()) if f"{p}/__init__.py" not in names]
   assert not missing, f"packages missing from the wheel (no __init__.py or not in setup.py): {missing}"
   # A fresh venv that sees the installed dependencies but gets the project only from the wheel.
+  # The dependencies are wherever this interpreter finds them (a user's venv, or the system
+  # interpreter): a .pth in the scratch venv adds those site directories after its own, so the
+  # wheel installed there is found before any editable install of the checkout.
   env_dir = tmp_path / "venv"
-  venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
+  venv.EnvBuilder(system_site_packages=False, with_pip=False).create(env_dir)
   python = env_dir / "bin" / "python"
+  own_site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()"
+                             "['purelib'])"], capture_output=True, text=True).stdout.strip()
+  ours = [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
+  (Path(own_site) / "_dependencies.pth").write_text(
+      f"import site; list(map(site.addsitedir, {ours!r}))\n")
+  pip = subprocess.run([str(python), "-m", "pip", "--version"], capture_output=True, text=True)
+  assert pip.returncode == 0, pip.stderr[-2000:]
   install = subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index",
                             str(wheel)], capture_output=True, text=True, timeout=300)
   assert install.returncode == 0, install.stderr[-2000:]

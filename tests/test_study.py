@@ -15,7 +15,9 @@ import pytest
 
 from diff_transformer import cli
 from diff_transformer.errors import UserError, message_lines
-from diff_transformer.study import markdown, paired, report, runner, summarize
+from diff_transformer.params import heads_for
+from diff_transformer.study import markdown, paired, report, run_metrics, runner, summarize
+from diff_transformer.study.definition import Study
 from diff_transformer.study.stats import censored_median, holm, min_p, sign_flip_p
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,10 +74,10 @@ def test_holm_matches_a_hand_computation():
 
 def test_steps_to_90_keeps_a_run_that_never_reached_it():
   never = [(100, 0.2), (200, 0.6), (300, 0.858)]
-  assert runner.first_step(never, 0.9) == (300.0, False)  # censored at the last step
-  assert runner.first_step([(100, 0.5), (200, 0.93)], 0.9) == (200.0, True)
-  assert runner.still_rising(never, ceiling=1.0)
-  assert not runner.still_rising([(100, 0.9), (300, 0.905)], ceiling=1.0)
+  assert run_metrics.first_step(never, 0.9) == (300.0, False)  # censored at the last step
+  assert run_metrics.first_step([(100, 0.5), (200, 0.93)], 0.9) == (200.0, True)
+  assert run_metrics.still_rising(never, ceiling=1.0)
+  assert not run_metrics.still_rising([(100, 0.9), (300, 0.905)], ceiling=1.0)
   runs = [dict(variant="diff_v2", steps_to_90=t, reached_90=r, still_rising=False)
           for t, r in ((150.0, True), (250.0, True), (300.0, False))]
   got = report.censoring(runs, "diff_v2")
@@ -240,8 +242,18 @@ def test_bad_command_line_options_are_one_user_error(tmp_path, options, message)
 def test_sized_study_points_and_a_grid_at_one_size():
   """Points of a study with sizes; lr_grid_size runs the grid at one size and every size of a
   variant trains at that cell's lr; grid points pin their lr and grid seed in the name."""
-  from configs.studies import lm
-  s = lm.STUDY
+  from configs import default
+
+  def make(variant, size):
+    c = default.get_config()
+    c.model.variant, c.model.d_model = variant, int(size[1:])
+    c.model.num_heads = heads_for(variant, c.model.d_model, c.model.head_dim)
+    c.model.rank = 8 if variant == "shared_diff" else 0
+    return c
+
+  s = Study(name="sized", make=make, sizes=("d64", "d128"), primary="loss@d128",
+            lr_grid=(2e-3, 4e-3),
+            lr_grid_steps=50, lr_grid_size="d64").validate()
   assert s.parse("shared_diff-d128-s3") == ("shared_diff", "d128", 3, None)
   seed = s.lr_grid_seeds[0]
   assert s.parse(f"diff_v2-d64-lr0.004-s{seed}") == ("diff_v2", "d64", seed, 0.004)

@@ -15,7 +15,7 @@ from scipy import stats as scipy_stats
 from diff_transformer import cli
 from diff_transformer.errors import UserError, message_lines
 from diff_transformer.study import grid as lr_grid
-from diff_transformer.study import cells, opening, records, report, runner
+from diff_transformer.study import cells, opening, records, report, run_metrics
 from diff_transformer.study.stats import paired_censored, seeds_needed, smallest_holm_p
 from diff_transformer.training.run_record import check_setting
 
@@ -143,12 +143,12 @@ def test_the_grid_is_judged_by_the_primary_and_grows_until_bracketed():
 
 def test_still_rising_counts_the_headroom_and_the_level():
   nearly_done = [(800, 0.98), (1000, 0.997)]  # rose 0.017 but had only 0.02 left
-  assert not runner.still_rising(nearly_done, ceiling=1.0)
-  assert runner.still_rising([(800, 0.60), (1000, 0.70)], ceiling=1.0)
-  assert not runner.still_rising([(800, 0.50), (1000, 0.52)], ceiling=1.0)  # 4% of the headroom
-  assert not runner.still_rising([(800, 0.80), (1000, 0.91)], ceiling=1.0, level=0.9)
-  assert runner.still_rising([(800, 0.80), (1000, 0.89)], ceiling=1.0, level=0.9)
-  assert runner.still_rising([(800, -2.0), (1000, -1.9)])  # a loss still falling: no ceiling
+  assert not run_metrics.still_rising(nearly_done, ceiling=1.0)
+  assert run_metrics.still_rising([(800, 0.60), (1000, 0.70)], ceiling=1.0)
+  assert not run_metrics.still_rising([(800, 0.50), (1000, 0.52)], ceiling=1.0)  # 4% of the headroom
+  assert not run_metrics.still_rising([(800, 0.80), (1000, 0.91)], ceiling=1.0, level=0.9)
+  assert run_metrics.still_rising([(800, 0.80), (1000, 0.89)], ceiling=1.0, level=0.9)
+  assert run_metrics.still_rising([(800, -2.0), (1000, -1.9)])  # a loss still falling: no ceiling
 
 
 def test_a_record_is_reused_only_for_its_setting(tmp_path):

@@ -6,7 +6,7 @@ import pytest
 from configs.scaling import preset_size
 from configs.sweeps import cpu, table10
 from diff_transformer.config import ConfigError
-from diff_transformer.sweeps import runner
+from diff_transformer import launch
 from diff_transformer.sweeps.definition import Sweep
 
 
@@ -27,7 +27,7 @@ def test_builtin_sweeps_validate():
 ])
 def test_bad_sweeps_rejected_before_any_run(tmp_path, sweep, words):
   with pytest.raises(ConfigError, match=words):
-    runner.run(sweep, "unused.py", str(tmp_path))
+    launch.run(sweep, "unused.py", str(tmp_path))
   assert not any(tmp_path.iterdir())  # nothing started
 
 
@@ -44,7 +44,7 @@ def test_cli_bad_sweep_is_one_line(tmp_path):
 
 
 def test_print_mode_prints_one_command_per_point(tmp_path, capsys):
-  status = runner.run(table10.SWEEP, "configs/sweeps/table10.py", str(tmp_path), mode="print",
+  status = launch.run(table10.SWEEP, "configs/sweeps/table10.py", str(tmp_path), mode="print",
                       launcher="sbatch --wrap")
   lines = capsys.readouterr().out.strip().splitlines()
   assert len(lines) == 36 and set(status.values()) == {"printed"}

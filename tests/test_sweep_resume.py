@@ -7,7 +7,9 @@ import shutil
 
 from test_training_runs import ROOT, tiny_flags, write_corpus
 
-from diff_transformer.sweeps import report, runner
+from diff_transformer import launch
+from diff_transformer.run_folder import RunFolder
+from diff_transformer.sweeps import report
 from diff_transformer.sweeps.definition import Sweep
 
 SWEEP_FILE = """
@@ -48,26 +50,26 @@ def test_interrupted_sweep_resumes_without_redoing_finished_points(tmp_path, mon
   sweep: Sweep = module.SWEEP
   root = tmp_path / "runs"
 
-  first = runner.run(sweep, str(sweep_file), str(root), extra_args=tuple(flags))
+  first = launch.run(sweep, str(sweep_file), str(root), extra_args=tuple(flags))
   assert set(first.values()) == {"ran"} and len(first) == 3
-  finished = {p: os.path.getmtime(root / p / runner.SUMMARY) for p in first}
+  finished = {p: os.path.getmtime(RunFolder(root / p).summary) for p in first}
 
   # Interrupt the last point: it keeps its step-2 checkpoint but never finished.
   last = sweep.points()[-1]
-  (root / last / runner.SUMMARY).unlink()
+  (RunFolder(root / last).summary).unlink()
   shutil.rmtree(root / last / "checkpoints" / "4")
 
-  second = runner.run(sweep, str(sweep_file), str(root), extra_args=tuple(flags))
+  second = launch.run(sweep, str(sweep_file), str(root), extra_args=tuple(flags))
   assert second == {p: ("ran" if p == last else "skipped") for p in first}
   for p in first:
     if p != last:
-      assert os.path.getmtime(root / p / runner.SUMMARY) == finished[p]  # untouched
-  summary = json.loads((root / last / runner.SUMMARY).read_text())
+      assert os.path.getmtime(RunFolder(root / p).summary) == finished[p]  # untouched
+  summary = json.loads((RunFolder(root / last).summary).read_text())
   assert summary["step"] == 4
   rows = [json.loads(l) for l in (root / last / "metrics.jsonl").read_text().splitlines()]
   train_steps = [r["step"] for r in rows if r["kind"] == "train"]
   assert train_steps.count(1) == 1 and train_steps.count(3) == 2  # resumed at step 2, not redone
-  assert runner.run(sweep, str(sweep_file), str(root), extra_args=tuple(flags)) == {
+  assert launch.run(sweep, str(sweep_file), str(root), extra_args=tuple(flags)) == {
       p: "skipped" for p in first}
 
   result = report.write_report(sweep, str(root))

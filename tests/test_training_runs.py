@@ -279,6 +279,30 @@ def test_all_checkpoints_corrupted_refuses(corpus, reference, tmp_path):
   assert losses(workdir) == losses(reference)  # nothing trained
 
 
+def test_a_stop_landing_inside_a_restore_is_not_damage(reference, tmp_path, monkeypatch):
+  """A driver's SIGTERM handler raises inside whatever it interrupts; in a checkpoint read that
+  is a stop, never a damaged step (nothing is set aside, the stop propagates)."""
+  from diff_transformer.errors import Stopped
+  from diff_transformer.training.checkpoint import Checkpointer
+  from diff_transformer.training.restore import restore_model
+  workdir = tmp_path / "run"
+  shutil.copytree(reference, workdir)
+  before = tree_digest(workdir / "checkpoints")
+  def interrupted(*args, **kwargs):
+    raise Stopped("stopped by SIGTERM")
+  monkeypatch.setattr(Checkpointer, "_restore_step", interrupted)
+  with pytest.raises(Stopped):
+    restore_model(workdir)
+  def damaged_after_a_request(*args, **kwargs):  # the handler's raise dropped by Python
+    raise OSError("read interrupted")
+  monkeypatch.setattr(Checkpointer, "_restore_step", damaged_after_a_request)
+  monkeypatch.setattr(Stopped, "requests", [signal.SIGTERM])
+  with pytest.raises(OSError):
+    restore_model(workdir)
+  assert not (workdir / "corrupt_checkpoints").exists()
+  assert tree_digest(workdir / "checkpoints") == before
+
+
 def _free_port() -> int:
   with socket.socket() as s:
     s.bind(("localhost", 0))
@@ -327,7 +351,7 @@ def test_a_run_stops_at_its_accuracy_level_as_a_finished_run(corpus, reference, 
   """train.stop_at_val_accuracy: the first evaluation at or above the level saves, writes
   summary.json (stopped_at_level) and ends the run; sweeps and studies count it finished. Up to
   that step it trains exactly as the uninterrupted reference did."""
-  from diff_transformer.sweeps import runner as sweep_runner
+  from diff_transformer import launch
   want = json.loads((reference / "summary.json").read_text())
   first_eval = val_losses(reference)
   level = 1e-6  # any argmax accuracy above 0: the first evaluation (step 5) reaches it
@@ -341,4 +365,4 @@ def test_a_run_stops_at_its_accuracy_level_as_a_finished_run(corpus, reference, 
   # finished() asks the point's config for its steps only
   sweep = SimpleNamespace(get_config=lambda point: SimpleNamespace(train=SimpleNamespace(
       steps=STEPS)))
-  assert sweep_runner.finished(sweep, "p", str(tmp_path))
+  assert launch.finished(sweep, "p", str(tmp_path))

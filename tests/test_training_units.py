@@ -6,6 +6,8 @@ import ml_collections
 import pytest
 
 from diff_transformer.config import base_config
+from diff_transformer.model.attention import VARIANTS
+from diff_transformer.params import heads_for
 
 
 def test_schedule_warmup_then_linear_decay_to_floor():
@@ -21,35 +23,50 @@ def test_schedule_warmup_then_linear_decay_to_floor():
   assert float(lr(50000)) == pytest.approx(1.28e-5, rel=1e-5)  # an extended run stays at the floor
 
 
-@pytest.mark.parametrize("variant", ["diff", "diff_v2"])
-def test_decay_mask_follows_config(variant):
-  from test_training_sharding import tiny_config
-  from diff_transformer.training.optim import decay_mask, param_kind
+# Every parameter AdamW must not decay with the default decay flags, by variant: the norm gains,
+# the lambdas and the embedding table, written out by hand (a new variant adds its line).
+UNDECAYED = {
+    "transformer": set(),
+    "diff": {"blocks/attn/lambda_q1", "blocks/attn/lambda_k1", "blocks/attn/lambda_q2",
+             "blocks/attn/lambda_k2", "blocks/attn/subln_scale"},
+    "diff_v2": {"blocks/attn/wlambda/kernel"},
+    "toy_variant:FixedLambdaAttention": {"blocks/attn/out_gain"},
+}
+UNDECAYED["shared_diff"] = UNDECAYED["diff"]
+EVERY_VARIANT_HAS = {"embed/embedding", "final_norm/scale", "blocks/attn_norm/scale",
+                     "blocks/mlp_norm/scale"}
+
+
+def _flat(tree) -> dict[str, object]:
+  return {"/".join(str(k.key) for k in path): leaf
+          for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+@pytest.mark.parametrize("variant", [*VARIANTS, "toy_variant:FixedLambdaAttention"])
+def test_decay_mask_comes_from_variable_types(variant):
+  """With decay off for norms, lambdas and embeddings, exactly the hand-listed parameters are
+  left out; with it on, everything is decayed. No parameter name is read: the types say it."""
   from flax import nnx
   from diff_transformer.model import build_model
   from diff_transformer.model.spec import ModelSpec
-  import jax
-  c = tiny_config(variant)
+  from diff_transformer.training.optim import decay_mask
+  from test_training_sharding import tiny_config
+  c = tiny_config("transformer")
+  c.model.variant = variant
+  c.model.num_heads = heads_for(variant, c.model.d_model, c.model.head_dim)
+  c.model.rank = 4 if variant == "shared_diff" else 0
   abstract = nnx.eval_shape(lambda: build_model(ModelSpec.from_config(c.model), nnx.Rngs(0)))
-  params = nnx.to_pure_dict(nnx.state(abstract, nnx.Param))
-  kinds = {jax.tree_util.keystr(p): param_kind(p)
-           for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]}
-  assert kinds["['embed']['embedding']"] == "embedding"
-  assert kinds["['final_norm']['scale']"] == "norm"
-  assert kinds["['blocks']['attn_norm']['scale']"] == "norm"
-  assert kinds["['blocks']['mlp']['up']['kernel']"] == "weight"
-  assert kinds["['lm_head']['kernel']"] == "weight"
-  if variant == "diff":
-    assert kinds["['blocks']['attn']['lambda_q1']"] == "lambda"
-    assert kinds["['blocks']['attn']['subln_scale']"] == "norm"
-  else:
-    assert kinds["['blocks']['attn']['wlambda']['kernel']"] == "lambda"
+  params = nnx.state(abstract, nnx.Param)
   t = c.train
-  t.decay_norms, t.decay_lambda, t.decay_embeddings = False, True, False
-  mask = {jax.tree_util.keystr(p): m for p, m in
-          jax.tree_util.tree_flatten_with_path(decay_mask(params, t))[0]}
-  for name, kind in kinds.items():
-    assert mask[name] == {"norm": False, "lambda": True, "embedding": False, "weight": True}[kind]
+  t.decay_norms = t.decay_lambda = t.decay_embeddings = False
+  mask = _flat(decay_mask(params, t))
+  assert {name for name, decayed in mask.items() if not decayed} == (
+      UNDECAYED[variant] | EVERY_VARIANT_HAS), variant
+  t.decay_norms = t.decay_lambda = t.decay_embeddings = True
+  assert all(_flat(decay_mask(params, t)).values())
+  t.decay_norms, t.decay_lambda, t.decay_embeddings = True, False, False  # one flag per role
+  assert {n for n, d in _flat(decay_mask(params, t)).items() if not d} == (
+      {n for n in UNDECAYED[variant] if "lambda" in n} | {"embed/embedding"})
 
 
 def test_mesh_shape_resolution_and_errors():

@@ -50,7 +50,8 @@ def test_a_registered_variant_runs_everywhere(toy_variant, tmp_path):
 
   counts = params.count(spec)
   D, N, K, H = spec.d_model, spec.num_heads, spec.kv_heads, spec.head_dim
-  assert counts["modules"]["blocks.attn"] == spec.num_layers * D * (2 * N * H + 3 * K * H + N * H)
+  assert counts["modules"]["blocks.attn"] == spec.num_layers * (
+      D * (2 * N * H + 3 * K * H + N * H) + N * H)  # + the gain on the merged heads
   T = config.data.seq_len
   assert attention_flops_per_token(spec, T) == 0.5 * spec.num_layers * 2 * (2 * T * N * H * 2)
 

@@ -5,13 +5,15 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from diff_transformer.model.attention import Attention, Projected
+from diff_transformer.model.roles import Gain
 
 FIXED_LAMBDA = 0.25
 
 
 class FixedLambdaAttention(Attention):
   """(softmax(Q1 K1^T) - 0.25 softmax(Q2 K2^T)) V: two maps of N heads over 2 x K key groups,
-  one d-wide value per kv head, no learned lambda and no sub-layer norm."""
+  one d-wide value per kv head, no learned lambda and no sub-layer norm; a learned gain on the
+  merged heads."""
   map_name = "A1 - 0.25 A2"
 
   def __init__(self, spec, layer_idx, *, rngs):
@@ -21,6 +23,8 @@ class FixedLambdaAttention(Attention):
     self.wk = self._dense(D, 2 * K * H, ("embed", "kv_heads"), rngs)
     self.wv = self._dense(D, K * H, ("embed", "kv_heads"), rngs)
     self.wo = self._dense(N * H, D, ("heads", "embed"), rngs)
+    # A learned gain on the merged heads: declared a Gain, so AdamW leaves it undecayed.
+    self.out_gain = Gain(jnp.ones((N * H,), jnp.float32), out_sharding=("heads",))
 
   @classmethod
   def cache_layout(cls, spec):
@@ -40,7 +44,7 @@ class FixedLambdaAttention(Attention):
                      lam=jnp.asarray(FIXED_LAMBDA, jnp.float32))
 
   def output(self, o_BTNH, p):
-    return self.wo(self._merge(o_BTNH))
+    return self.wo(self._merge(o_BTNH) * self.out_gain[...][None, None])
 
   def metrics(self, p, weights_BT):
     return {"lambda": p.lam}

@@ -33,6 +33,7 @@ class Settings:
   batch_size: int = 8  # rows per forward pass (loss, outliers, needle and ICL prompts)
   val_batches: int = 0  # 0 = the whole validation split
   context_len: int = 0  # long_context / loss context; 0 = model.max_seq_len
+  ar_hit_context: int = 1  # loss: tokens before a target in an AR-hit n-gram (1: the bigram)
   long_docs: int = 16  # longest held-out documents for long_context
   needle_lengths: tuple[int, ...] = ()  # () = (max_seq_len // 2, max_seq_len)
   needle_configs: tuple[tuple[int, int], ...] = ((1, 1), (2, 2), (4, 2), (6, 2))  # (N, R)

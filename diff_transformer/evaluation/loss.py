@@ -1,10 +1,14 @@
 """Validation loss / perplexity, and the fine-grained split of DIFF Table 6.
 
-AR-hit (associative-recall hit, the Zoology definition the DIFF paper uses): target y_t is an
-AR-hit when the bigram it completes, (x_t, y_t), already occurred earlier in the same document
-segment of the row; a copy of the seen continuation predicts it. "Others" are the remaining
-targets. Losses are means over target tokens with weight 1 (padding and cross-document targets
-excluded), in nats; perplexity = exp(loss).
+AR-hit (associative-recall hit, the Zoology definition the DIFF paper uses, with a context of c
+tokens): target y_t is an AR-hit when the (c + 1)-gram it completes, (x_{t-c+1}, ..., x_t, y_t),
+already occurred earlier in the same document segment of the row, so a copy of the continuation
+seen there predicts it. c = 1 (the default) is the paper's bigram; the byte-level LM study uses
+c = 4 (a byte bigram recurs everywhere). "Others" are the remaining targets. Beside each split,
+`ngram_loss` is a context-free n-gram model's loss on the same tokens (evaluation/ngram.py, fitted
+on the training split with the same c tokens of context), when one is given. Losses are means
+over target tokens with weight 1 (padding and cross-document targets excluded), in nats;
+perplexity = exp(loss).
 """
 from __future__ import annotations
 
@@ -14,49 +18,82 @@ import numpy as np
 from tqdm import tqdm
 
 from diff_transformer.evaluation import common
+from diff_transformer.evaluation.ngram import NGram
 
 
-def ar_hits(inputs_BT: np.ndarray, targets_BT: np.ndarray, segment_ids_BT: np.ndarray
-            ) -> np.ndarray:
-  """bool [B, T]: the bigram (inputs[t], targets[t]) occurred before t within the segment."""
+def histories(inputs_BT: np.ndarray, segment_ids_BT: np.ndarray, context: int
+              ) -> tuple[np.ndarray, np.ndarray]:
+  """([B, T, context] the `context` inputs ending at each position, [B, T] how many of them lie
+  in the position's own segment)."""
+  b, t = inputs_BT.shape
+  padded = np.concatenate([np.zeros((b, context), inputs_BT.dtype), inputs_BT], axis=1)
+  history = np.stack([padded[:, j + 1:j + 1 + t] for j in range(context)], axis=-1)
+  starts = np.concatenate([np.ones((b, 1), bool), segment_ids_BT[:, 1:] != segment_ids_BT[:, :-1]],
+                          axis=1)
+  index = np.broadcast_to(np.arange(t), (b, t))
+  first = np.maximum.accumulate(np.where(starts, index, 0), axis=1)  # the segment's first position
+  return history, index - first + 1
+
+
+def ar_hits(inputs_BT: np.ndarray, targets_BT: np.ndarray, segment_ids_BT: np.ndarray,
+            context: int = 1) -> np.ndarray:
+  """bool [B, T]: the (context + 1)-gram ending at target t occurred before t in its segment."""
+  history, available = histories(inputs_BT, segment_ids_BT, context)
   hits = np.zeros(inputs_BT.shape, bool)
   for b in range(inputs_BT.shape[0]):
-    seen: set[tuple[int, int]] = set()
-    segment = None
-    for t, (x, y, s) in enumerate(zip(inputs_BT[b].tolist(), targets_BT[b].tolist(),
-                                      segment_ids_BT[b].tolist())):
-      if s != segment:
-        seen, segment = set(), s
-      hits[b, t] = (x, y) in seen
-      seen.add((x, y))
+    seen: set[tuple[int, ...]] = set()
+    for t in range(inputs_BT.shape[1]):
+      if available[b, t] == 1:
+        seen = set()  # a new segment
+      if available[b, t] >= context:
+        gram = (*history[b, t].tolist(), int(targets_BT[b, t]))
+        hits[b, t] = gram in seen
+        seen.add(gram)
   return hits
 
 
-def evaluate(fns: common.Fns, batches, progress: bool = False) -> dict:
-  """Loss, perplexity and the AR-hit / others split over an iterable of validation batches."""
-  sums = dict(all=0.0, ar_hit=0.0, others=0.0)
-  counts = dict(all=0.0, ar_hit=0.0, others=0.0)
+def evaluate(fns: common.Fns, batches, progress: bool = False, context: int = 1,
+             ngram: NGram | None = None) -> dict:
+  """Loss, perplexity and the AR-hit / others split over an iterable of validation batches
+  (with `ngram`, its loss on each split's tokens too)."""
+  keys = ("all", "ar_hit", "others")
+  sums, counts, base = (dict.fromkeys(keys, 0.0) for _ in range(3))
   for batch in tqdm(batches, desc="loss", disable=not progress, leave=False):
     nll = fns.nll(batch["inputs"], batch["targets"], batch["positions"], batch["segment_ids"])
     w = np.asarray(batch["weights"], np.float64)
-    hit = ar_hits(batch["inputs"], batch["targets"], batch["segment_ids"])
+    hit = ar_hits(batch["inputs"], batch["targets"], batch["segment_ids"], context)
+    if ngram is not None:
+      history, available = histories(batch["inputs"], batch["segment_ids"], ngram.context)
+      base_nll = -np.log(ngram.prob(history.reshape(-1, ngram.context), available.reshape(-1),
+                                    batch["targets"].reshape(-1))).reshape(w.shape)
     for key, mask in (("all", w), ("ar_hit", w * hit), ("others", w * ~hit)):
       sums[key] += float((nll * mask).sum())
       counts[key] += float(mask.sum())
+      if ngram is not None:
+        base[key] += float((base_nll * mask).sum())
   if counts["all"] == 0:
     raise common.EvalError("loss: the validation batches hold no target tokens")
   out = {}
-  for key in sums:
+  for key in keys:
     loss = sums[key] / counts[key] if counts[key] else float("nan")
     out[key] = dict(loss=loss, perplexity=math.exp(loss) if counts[key] else float("nan"),
                     tokens=int(counts[key]))
+    if ngram is not None:
+      out[key]["ngram_loss"] = base[key] / counts[key] if counts[key] else float("nan")
   out["ar_hit"]["fraction"] = counts["ar_hit"] / counts["all"]
   return out
 
 
-def run(fns: common.Fns, batches, settings, out_dir) -> dict:
+def run(fns: common.Fns, batches, settings, out_dir, train_tokens: np.ndarray | None = None,
+        vocab: int = 0) -> dict:
+  """The loss suite; with the training split's token stream, the n-gram baseline beside it."""
   del out_dir
-  result = evaluate(fns, batches, progress=True)
+  c = settings.ar_hit_context
+  ngram = NGram(train_tokens, vocab, c) if train_tokens is not None else None
+  result = evaluate(fns, batches, progress=True, context=c, ngram=ngram)
   return dict(loss=result["all"]["loss"], perplexity=result["all"]["perplexity"],
               tokens=result["all"]["tokens"], ar_hit=result["ar_hit"], others=result["others"],
-              definition="AR-hit: target completes a bigram seen earlier in its document segment")
+              ngram_loss=result["all"].get("ngram_loss"), ar_hit_context=c,
+              definition=f"AR-hit: target completes a {c + 1}-gram seen earlier in its document "
+                         f"segment; ngram_loss: a context-free {c + 1}-gram model (Witten-Bell) "
+                         "fitted on the training split, on the same tokens")

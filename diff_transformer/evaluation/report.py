@@ -7,13 +7,17 @@ from pathlib import Path
 
 from diff_transformer.evaluation import common, icl, long_context, quantization
 from diff_transformer.errors import EvalError
+from diff_transformer.run_folder import RunFolder
 
 def metrics(name: str, r: dict) -> dict[str, object]:
   """The suite's key numbers, flat (one row each in the report and the comparison table)."""
   if name == "loss":
     return {"val loss": r["loss"], "perplexity": r["perplexity"],
             "AR-hit loss": r["ar_hit"]["loss"], "others loss": r["others"]["loss"],
-            "AR-hit fraction": r["ar_hit"]["fraction"]}
+            "AR-hit fraction": r["ar_hit"]["fraction"],
+            **({"n-gram AR-hit loss": r["ar_hit"]["ngram_loss"],
+                "n-gram others loss": r["others"]["ngram_loss"]}
+               if r["ar_hit"].get("ngram_loss") is not None else {})}
   if name == "long_context":
     return {f"cum. NLL @{p}": v for p, v in r["cumulative_at"].items()}
   if name == "needle":
@@ -144,7 +148,7 @@ def compare(workdirs: list[str], out_dir: Path | None = None) -> Path:
     raise EvalError("--compare: give at least two run directories")
   runs = {}
   for w in workdirs:
-    res = load(Path(w) / "eval")
+    res = load(RunFolder(w).eval_dir)
     if not res:
       raise EvalError(f"--compare: {Path(w) / 'eval'} holds no suite results; run "
                       f"`python eval.py --workdir {w}` first")

@@ -5,11 +5,14 @@ import functools
 import time
 from pathlib import Path
 
+import numpy as np
+
 from diff_transformer.data import heldout_documents, load_dataset, synthetic, validation_batches
 from diff_transformer.evaluation import (attention, common, generate, icl, long_context, loss,
                                          needle, outliers, quantization, report, tasks)
 from diff_transformer.evaluation.common import SUITES, TASK_SUITES, Settings
 from diff_transformer.errors import DataError, EvalError, TrainError, last_line
+from diff_transformer.run_folder import RunFolder
 from diff_transformer.training.restore import restore_model
 from diff_transformer.training.run_record import check_tokenizer_record
 
@@ -46,7 +49,7 @@ class Run:
       self.model, self.config, self.step = restore_model(self.workdir, step=step, mesh=mesh)
     except (TrainError, DataError, OSError, ValueError) as e:
       raise EvalError(last_line(e)) from e
-    self.out_dir = self.workdir / "eval"
+    self.out_dir = RunFolder(self.workdir).eval_dir
     self.context = common.check_context(
         self.model, self.settings.context_len or self.model.spec.max_seq_len, "--context_len")
 
@@ -93,6 +96,12 @@ class Run:
     return list(validation_batches(self.dataset, self.config.data, self.settings.batch_size,
                                    count or None))
 
+  def train_tokens(self) -> np.ndarray:
+    """The training split's token stream, shard after shard (documents framed by eot)."""
+    ds = self.dataset
+    return np.concatenate([np.asarray(ds.shard_tokens("train", k))
+                           for k in range(len(ds.shards("train")))])
+
   def documents(self) -> list[tuple[str, str]]:
     names = self.dataset.metadata["splits"]["val"]["document_names"]
     return list(zip(names, self.heldout_texts))
@@ -105,7 +114,8 @@ def run_suite(run: Run, name: str) -> dict:
   if name == "attention" and run.is_task:
     return tasks.run_attention(run.fns, run.task, s, out)
   if name == "loss":
-    return loss.run(run.fns, run.val_batches(s.val_batches), s, out)
+    return loss.run(run.fns, run.val_batches(s.val_batches), s, out,
+                    None if run.is_task else run.train_tokens(), run.dataset.vocab_size)
   if name == "long_context":
     return long_context.run(run.fns, run.dataset.document_tokens("val"), run.dataset.eot_id, s,
                             out)

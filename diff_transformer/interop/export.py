@@ -87,7 +87,7 @@ def write_folder(model, spec: ModelSpec, record: dict, tokenizer, workdir: Path,
     for name in REMOTE_FILES:
       shutil.copyfile(REMOTE_DIR / name, out / name)
   summary = dict(run=str(workdir.resolve()), step=int(step), variant=spec.variant,
-                 architecture=weights.ARCHITECTURES[spec.variant], tokenizer=record,
+                 architecture=weights.architecture(spec), tokenizer=record,
                  model=spec.__dict__)
   (out / EXPORT_RECORD).write_text(json.dumps(summary, indent=2, default=str) + "\n")
   return summary

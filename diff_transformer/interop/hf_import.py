@@ -83,7 +83,7 @@ def import_params(spec: ModelSpec, folder: str | Path) -> dict[str, np.ndarray]:
   sidecar_path = folder / weights.SIDECAR
   sidecar = _load_safetensors(sidecar_path) if sidecar_path.is_file() else None
   params = weights.from_hf(spec, hf, sidecar, folder=str(folder))
-  used = set(weights.to_hf(spec, params, _constants(spec))[0])
+  used = set(weights.to_hf(spec, params, weights.constants(spec))[0])
   if spec.tie_embeddings and "lm_head.weight" in hf:  # some writers save the tied copy
     if not np.array_equal(hf["lm_head.weight"], hf["model.embed_tokens.weight"]):
       raise InteropError(f"model.tie_embeddings: {folder} has an lm_head.weight of its own; "
@@ -94,14 +94,6 @@ def import_params(spec: ModelSpec, folder: str | Path) -> dict[str, np.ndarray]:
     raise InteropError(f"init_from_hf: {folder} has tensor {extra[0]} that this model has no "
                        f"place for ({len(extra)} such tensors; biases?)")
   return params
-
-
-def _constants(spec: ModelSpec) -> dict[str, np.ndarray]:
-  """The per-layer lambda_init both sides compute from the 0-based layer index."""
-  if spec.variant not in ("diff", "shared_diff"):
-    return {}
-  return {"blocks.attn.lambda_init": np.asarray(
-      [weights.lambda_init(l) for l in range(spec.num_layers)], np.float32)}
 
 
 def into_state(state: dict, params: dict[str, np.ndarray], folder) -> dict:

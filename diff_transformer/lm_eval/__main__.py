@@ -10,6 +10,7 @@ from diff_transformer import cli
 from diff_transformer.data import synthetic
 from diff_transformer.errors import UserError, first_line
 from diff_transformer.interop import InteropError, require
+from diff_transformer.run_folder import RunFolder
 
 
 MODEL_ARGS = ("workdir", "step", "batch_size", "max_gen_toks", "max_length", "seed")
@@ -30,16 +31,17 @@ def check_model_args(argv: list[str]) -> None:
     if "workdir" not in fields:
       continue
     workdir = Path(fields["workdir"])
-    if not (workdir / "config.json").is_file() or not (workdir / "checkpoints").is_dir():
-      raise ValueError(f"--model_args workdir={workdir}: not a training workdir (no config.json "
-                       "or checkpoints/)")
-    data = json.loads((workdir / "config.json").read_text()).get("data", {})
+    folder = RunFolder(workdir)
+    if not folder.config.is_file() or not folder.checkpoints.is_dir():
+      raise ValueError(f"--model_args workdir={workdir}: not a training workdir (no "
+                       f"{folder.config.name} or {folder.checkpoints.name}/)")
+    data = json.loads(folder.config.read_text()).get("data", {})
     if data.get("name") in synthetic.TASKS:
       raise ValueError(f"--model_args workdir={workdir}: trained on the synthetic task "
                        f"'{data['name']}', which has no text tokenizer; evaluate it with "
                        f"`python eval.py --workdir {workdir}`")
     step = fields.get("step", "")
-    steps = sorted(int(d.name) for d in (workdir / "checkpoints").iterdir() if d.name.isdigit())
+    steps = folder.checkpoint_steps()
     if step and (not step.isdigit() or int(step) not in steps):
       raise ValueError(f"--model_args step={step}: {workdir} has checkpoints at steps {steps}")
 

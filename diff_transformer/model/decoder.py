@@ -8,6 +8,7 @@ from flax import nnx
 from diff_transformer.model import cache as kv_cache
 from diff_transformer.model.attention import variant_class
 from diff_transformer.model.layers import RMSNorm, ShortConv, SwiGLU, dense
+from diff_transformer.model.roles import Embedding, declare
 from diff_transformer.model.spec import ModelSpec
 from diff_transformer.sharding import (ACT_EMBED, BATCH, EMBED, LAYERS, LENGTH, VOCAB,
                                        constrain)
@@ -72,6 +73,7 @@ class Decoder(nnx.Module):
     init = nnx.with_partitioning(nnx.initializers.normal(spec.init_std), (VOCAB, EMBED))
     self.embed = nnx.Embed(spec.vocab_size, spec.d_model, dtype=spec.compute_dtype,
                            param_dtype=jnp.float32, embedding_init=init, rngs=rngs)
+    declare(self.embed, "embedding", Embedding)
 
     @nnx.split_rngs(splits=spec.num_layers)
     @nnx.vmap(in_axes=(0, 0), out_axes=0, transform_metadata={nnx.PARTITION_NAME: LAYERS})

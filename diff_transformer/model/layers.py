@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from diff_transformer.model.roles import Gain
 from diff_transformer.sharding import EMBED, MLP, NORM
 
 Array = jax.Array
@@ -35,7 +36,7 @@ def rms_normalize(x: Array, scale: Array | None, eps: float = NORM_EPS) -> Array
 
 class RMSNorm(nnx.Module):
   def __init__(self, dim: int, names: tuple[str, ...] = (NORM,)):
-    self.scale = nnx.Param(jnp.ones((dim,), jnp.float32), out_sharding=names)
+    self.scale = Gain(jnp.ones((dim,), jnp.float32), out_sharding=names)
 
   def __call__(self, x: Array) -> Array:
     return rms_normalize(x, self.scale[...])

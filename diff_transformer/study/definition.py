@@ -18,7 +18,6 @@ number of seeds, or the study is refused unless marked exploratory.
 """
 from __future__ import annotations
 
-import ast
 import dataclasses
 import functools
 from typing import Callable, NamedTuple
@@ -29,6 +28,7 @@ from diff_transformer.config import validate
 from diff_transformer.data import synthetic
 from diff_transformer.errors import ConfigError
 from diff_transformer.model.attention import PAPER_VARIANTS, known_variant, variant_names
+from diff_transformer.study.overrides import at_lr, number, parse_set, set_key
 from diff_transformer.study.stats import ALPHA, seeds_needed, smallest_holm_p
 
 BASELINE = "transformer"
@@ -71,12 +71,14 @@ class Study:
   lr_grid_size: str = ""  # with sizes: run the grid at this size only and use its lr at every size
   eval_rows: int = 512  # eval-split rows per task slice
   attention_rows: int = 32
+  ar_hit_context: int = 1  # text: tokens before a target in an AR-hit n-gram (evaluation/loss.py)
   # --quick: these seeds, grid and flat config overrides ("train.steps", 200) for every run.
   quick_seeds: tuple[int, ...] = (0, 1)
   quick_lr_grid: tuple[float, ...] = ()
   quick_overrides: tuple[tuple[str, object], ...] = ()
   overrides: tuple[tuple[str, object], ...] = ()
   description: str = ""
+  scope: str = ""  # what the study cannot speak to: among the report's first lines
 
   def quick(self) -> "Study":
     return dataclasses.replace(self, name=f"{self.name}-quick", seeds=self.quick_seeds,
@@ -93,7 +95,7 @@ class Study:
     the overrides; `--variants a,b`; `--seeds 0,1,2`; `--name`; `--exploratory`)."""
     study = self
     if sets:
-      study = dataclasses.replace(study, overrides=study.overrides + tuple(map(_parse_set, sets)))
+      study = dataclasses.replace(study, overrides=study.overrides + tuple(map(parse_set, sets)))
     if variants:
       study = dataclasses.replace(study, variants=tuple(v.strip() for v in variants.split(",")))
     if seeds:
@@ -140,27 +142,27 @@ class Study:
   def parse(self, point: str) -> Point:
     cell, _, seed = point.rpartition("-s")
     cell, has_lr, lr_text = cell.rpartition("-lr") if "-lr" in cell else (cell, "", "")
-    lr = _number(lr_text, float) if has_lr else None
+    lr = number(lr_text, float) if has_lr else None
     variant, _, size = cell.partition("-")
-    number = _number(seed, int)
-    grid_seed = number is not None and number[0] in self.lr_grid_seeds
-    if (variant not in self.variants or size not in (self.sizes or ("",)) or not number or
+    seed_number = number(seed, int)
+    grid_seed = seed_number is not None and seed_number[0] in self.lr_grid_seeds
+    if (variant not in self.variants or size not in (self.sizes or ("",)) or not seed_number or
         (has_lr and lr is None) or bool(has_lr) != grid_seed):
       raise ConfigError(f"study {self.name}: unknown point '{point}'; points are "
                         f"<variant>{'-<size>' if self.sizes else ''}-s<seed> or "
                         f"-lr<lr>-s<grid seed {list(self.lr_grid_seeds)}> with variant in "
                         f"{list(self.variants)}"
                         + (f", size in {list(self.sizes)}" if self.sizes else ""))
-    return Point(variant, size, number[0], lr[0] if lr else None)
+    return Point(variant, size, seed_number[0], lr[0] if lr else None)
 
   def get_config(self, point: str) -> ml_collections.ConfigDict:
     p = self.parse(point)
     config = self.make(p.variant, p.size) if self.sizes else self.make(p.variant)
     for key, value in self.overrides:
-      _set(config, key, value)
+      set_key(config, key, value)
     t = config.train
     if p.lr is not None:
-      _at_lr(t, p.lr)
+      at_lr(t, p.lr)
       if self.lr_grid_steps:
         t.steps = t.checkpoint_every = self.lr_grid_steps
         t.eval_every = min(t.eval_every, t.steps)
@@ -174,7 +176,7 @@ class Study:
     """The config a point trains with: a compared point at the lr its grid chose."""
     config = self.get_config(point)
     if lr is not None:
-      _at_lr(config.train, lr)
+      at_lr(config.train, lr)
     return config
 
   def lr_args(self, point: str, lr: float) -> tuple[str, ...]:
@@ -225,8 +227,9 @@ class Study:
       raise ConfigError(f"study {self.name}: variants must be distinct, non-empty and "
                         f"registered ({', '.join(variant_names())}) or module:Class, got "
                         f"{self.variants}")
-    if self.eval_rows <= 0 or self.attention_rows <= 0:
-      raise ConfigError(f"study {self.name}: eval_rows and attention_rows must be positive")
+    if self.eval_rows <= 0 or self.attention_rows <= 0 or self.ar_hit_context <= 0:
+      raise ConfigError(f"study {self.name}: eval_rows, attention_rows and ar_hit_context must "
+                        "be positive")
     if self.lr_grid_size and self.lr_grid_size not in self.sizes:
       raise ConfigError(f"study {self.name}: lr_grid_size '{self.lr_grid_size}' is not one of "
                         f"the sizes {list(self.sizes)}")
@@ -253,42 +256,3 @@ class Study:
         raise ConfigError(f"study {self.name}: point {point} trains on text; primary metric "
                           f"'{self.primary}' needs a synthetic task")
     return self
-
-
-def _at_lr(train: ml_collections.ConfigDict, lr: float) -> None:
-  train.final_lr, train.lr = train.final_lr / train.lr * lr, lr  # keep the preset's decay ratio
-
-
-def _number(text: str, kind: type) -> tuple | None:
-  """(value,) when text is a non-negative `kind` (a seed, or a positive lr), else None."""
-  try:
-    value = kind(text)
-  except ValueError:
-    return None
-  return (value,) if value >= 0 and (kind is int or value > 0) else None
-
-
-def _parse_set(text: str) -> tuple[str, object]:
-  key, sep, raw = text.partition("=")
-  if not sep or not key.strip():
-    raise ConfigError(f"--set: '{text}' is not key=value (e.g. data.task.num_keys=5)")
-  try:
-    value = ast.literal_eval(raw)
-  except (ValueError, SyntaxError):
-    value = raw  # a bare string (e.g. a variant or tokenizer name)
-  return key.strip(), value
-
-
-def _set(config: ml_collections.ConfigDict, key: str, value) -> None:
-  *path, last = key.split(".")
-  node = config
-  for part in path:
-    if part not in node or not isinstance(node[part], ml_collections.ConfigDict):
-      raise ConfigError(f"study override '{key}': unknown config key")
-    node = node[part]
-  if last not in node:
-    raise ConfigError(f"study override '{key}': unknown config key")
-  try:
-    node[last] = value
-  except TypeError as e:
-    raise ConfigError(f"study override '{key}': {e}") from None

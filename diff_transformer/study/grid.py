@@ -118,6 +118,8 @@ def _primary(study: Study, record: dict | None) -> dict | None:
   if record.get("failed"):
     return dict(failed=record["failed"])
   out = dict(final_loss=record["final_loss"], val_accuracy=record.get("val_accuracy"))
+  if record.get("tail_fall") is not None:  # text: the share of its fall made in the last 20%
+    out["tail_fall"] = record["tail_fall"]
   if study.level:
     out.update(steps=record["steps_to_level"], reached=record["reached"])
   return out

@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 
 from diff_transformer.evaluation import floors
-from diff_transformer.study import opening, plots
+from diff_transformer.study import opening, plots, text_report
 from diff_transformer.study.cells import diff, num, pm, table
 from diff_transformer.study.definition import BASELINE
 from diff_transformer.study.report import informative_slices
@@ -113,15 +113,20 @@ def _text_tables(result: dict, root: Path) -> list[str]:
   lines = []
   for size in _sizes(result):
     rows = [[v] + [pm(summary[v].get(_at(m, size))) for m in TEXT_METRICS] for v in summary]
-    lines += [f"## Size {size}: validation loss and its AR-hit / others split (Table 6 analog)",
-              ""] + table(["variant", "val loss", "AR-hit loss", "others loss"], rows) + [""]
-  lines += [f"![loss vs tokens]({plots.loss_vs_tokens(result, root / 'loss_vs_tokens.png')})",
-            f"![loss vs size]({plots.loss_vs_size(result, root / 'loss_vs_size.png')})", ""]
-  return lines
+    lines += [f"## {'Size ' + size + ': v' if size else 'V'}alidation loss and its AR-hit / "
+              "others split (mean ± std over seeds)", ""] + table(
+                  ["variant", "val loss", "AR-hit loss", "others loss"], rows) + [""]
+  lines += [f"![loss vs tokens]({plots.loss_vs_tokens(result, root / 'loss_vs_tokens.png')})"]
+  if len(_sizes(result)) > 1:
+    lines += [f"![loss vs size]({plots.loss_vs_size(result, root / 'loss_vs_size.png')})"]
+  return lines + [""] + (text_report.descent(result) + text_report.budgets(result) +
+                         text_report.ar_hit(result))
 
 
 def write(result: dict, root: Path) -> Path:
-  lines = opening.header(result) + opening.lr_grid(result)
+  text = "task_params" not in result["study"]
+  lines = (opening.header(result, text_report.resolvable(result) if text else [])
+           + opening.lr_grid(result))
   if not result["runs"]:
     lines += ["No compared run has finished yet.", ""]
   elif "task_params" in result["study"]:

@@ -69,13 +69,14 @@ def _how_to_read(info: dict) -> list[str]:
   return lines + [""]
 
 
-def header(result: dict) -> list[str]:
+def header(result: dict, first: list[str] = ()) -> list[str]:
+  """Title, the limits, `first` (more first lines), the setting and how to read the tables."""
   info = result["study"]
   minutes = sum(r["train_seconds"] for r in result["runs"]
                 if r["train_seconds"] is not None and math.isfinite(r["train_seconds"])) / 60
   setting = (f"Task `{info['task']}` {info.get('task_params', '')}" if "task_params" in info
              else f"Text corpus `{info['task']}`, sizes {info['sizes']}")
-  lines = [f"# Study {info['name']}", ""] + limits(result) + [
+  lines = [f"# Study {info['name']}", ""] + limits(result) + list(first) + [
       info["description"], "",
       f"{setting}; seq_len {info['seq_len']}; budget {info['steps']} steps of {info['batch']} "
       f"rows; seeds {info['seeds']} (the same data order for every variant per seed).", "",

@@ -75,18 +75,25 @@ def _log_x(ax, xs) -> None:
 
 
 def loss_vs_tokens(result: dict, path: Path) -> str:
+  """Validation loss against training tokens per size (DIFF Fig. 3 in tokens): every seed's
+  curve faint, the mean over seeds bold, the unigram baseline dotted."""
   sizes = result["study"]["sizes"] or [""]
-  fig, axes = common.figure(ncols=len(sizes), size=(3.2 * len(sizes), 3.2))
+  fig, axes = common.figure(ncols=len(sizes), size=(4.2 * len(sizes), 3.4))
   axes = axes if isinstance(axes, list) else [axes]
   for ax, size in zip(axes, sizes):
-    for v in result["summary"]:
+    for i, v in enumerate(result["summary"]):
+      runs = [r for r in result["runs"] if r["variant"] == v and r["size"] == size and r["curve"]]
+      for r in runs:
+        tokens, loss = zip(*r["curve"])
+        ax.plot(np.asarray(tokens) / 1e6, loss, color=f"C{i}", lw=0.6, alpha=0.3)
       got = _mean_curves(result, v, size)
       if got:
-        xs, mean, std, n = got
-        ax.plot(xs, mean, label=f"{v} (n={n})")
-        ax.fill_between(xs, mean - std, mean + std, alpha=0.2)
-    _log_x(ax, [x for line in ax.get_lines() for x in line.get_xdata()])
-    ax.set_xlabel("training tokens")
+        xs, mean, _, n = got
+        ax.plot(np.asarray(xs) / 1e6, mean, color=f"C{i}", lw=2, label=f"{v} (mean of {n})")
+    unigram = [r["unigram_entropy"] for r in result["runs"] if r.get("unigram_entropy")]
+    if unigram:
+      ax.axhline(unigram[0], color="k", lw=0.6, ls=":", label="unigram baseline")
+    ax.set_xlabel("training tokens (millions)")
     ax.set_title(f"size {size}" if size else "", fontsize=8)
   axes[0].set_ylabel("validation loss (nats/token)")
   axes[0].legend(fontsize=7)

@@ -19,7 +19,8 @@ from diff_transformer.study.stats import (censored_median, holm, min_p, paired, 
 TASK_SCALARS = ("final_loss", "val_accuracy", "steps_to_90", "first_query_accuracy",
                 "answer_share", "distractor_share", "noise_share", "abs_answer_share",
                 "abs_distractor_share", "abs_noise_share", "negative_mass", "logit_top1")
-TEXT_SCALARS = ("loss", "ar_hit_loss", "others_loss", "final_loss")
+TEXT_SCALARS = ("loss", "ar_hit_loss", "others_loss", "final_loss", "val_loss_at_25pct",
+                "val_loss_at_50pct", "val_loss_at_100pct", "tail_fall")
 
 
 def metric_values(run: dict) -> dict[str, float]:
@@ -120,7 +121,8 @@ def build(study: Study, runs: list[dict], grid: dict, missing: list[str],
     summary[v] = {m: summarize([row.get(m, math.nan) for row in rows]) for m in metrics}
     summary[v].update(censoring(runs, v))
   config = study.get_config(study.points()[0])
-  info = dict(name=study.name, description=study.description, variants=list(study.variants),
+  info = dict(name=study.name, description=study.description, scope=study.scope,
+              variants=list(study.variants),
               seeds=list(study.seeds), sizes=list(study.sizes), primary=study.primary,
               secondary=list(study.secondary), exploratory=study.exploratory,
               design=study.design(), stop_at_level=study.stop_at_level and study.level,

@@ -65,17 +65,18 @@ def holm(ps: dict) -> dict:
 
 def paired(variant: dict[int, float], baseline: dict[int, float]) -> dict:
   """Per-seed differences variant - baseline (seeds present in both): mean, two-sided 95% t
-  interval (nan below two pairs), exact sign-flip p, n."""
+  interval and standard deviation (nan below two pairs), exact sign-flip p, n."""
   seeds = sorted(s for s in variant.keys() & baseline.keys()
                  if math.isfinite(variant[s]) and math.isfinite(baseline[s]))
   d = np.asarray([variant[s] - baseline[s] for s in seeds], np.float64)
   n = len(d)
   mean = float(d.mean()) if n else math.nan
-  low = high = math.nan
+  low = high = sd = math.nan
   if n >= 2:
-    half = float(scipy_stats.t.ppf(0.975, n - 1) * d.std(ddof=1) / math.sqrt(n))
+    sd = float(d.std(ddof=1))
+    half = float(scipy_stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n))
     low, high = mean - half, mean + half
-  return dict(mean_diff=mean, ci95_low=low, ci95_high=high, p=sign_flip_p(d), n=n)
+  return dict(mean_diff=mean, ci95_low=low, ci95_high=high, sd=sd, p=sign_flip_p(d), n=n)
 
 
 def censored_median(times: list[float], reached: list[bool]) -> float:
@@ -129,3 +130,15 @@ def paired_censored(variant: dict[int, tuple[float, bool]], baseline: dict[int, 
   return dict(mean_diff=mean if bound != "undetermined" else math.nan, bound=bound, n=n,
               n_determined=earlier + later + tied, earlier=earlier, later=later, tied=tied,
               p=sign_test_p(earlier, later), censored=True)
+
+
+def smallest_effect(n: int, comparisons: int, power: float = 0.8) -> float:
+  """The paired effect, in standard deviations of the paired differences, that a design of n
+  seeds detects with `power` at the strictest Holm step (alpha / comparisons, two-sided): the
+  paired t approximation (t_{1-a/2} + t_power) / sqrt(n) to the exact sign-flip test, which
+  needs at least this much."""
+  if n < 2 or comparisons < 1:
+    return math.inf
+  df = n - 1
+  alpha = ALPHA / comparisons
+  return float((scipy_stats.t.ppf(1 - alpha / 2, df) + scipy_stats.t.ppf(power, df)) / math.sqrt(n))

@@ -11,15 +11,15 @@ import numpy as np
 from diff_transformer import params
 from diff_transformer.evaluation.common import pyplot
 from diff_transformer.model.spec import ModelSpec
+from diff_transformer.run_folder import RunFolder
 from diff_transformer.sweeps import fit
 from diff_transformer.sweeps.definition import Sweep, SweepError, tokens
-from diff_transformer.sweeps.runner import read_summary
 
 
 def collect(sweep: Sweep, root: str) -> list[dict]:
   rows = []
   for point in sweep.points():
-    summary = read_summary(os.path.join(root, point))
+    summary = RunFolder(os.path.join(root, point)).read_summary(SweepError)
     if not summary or "val_loss" not in summary:
       continue
     variant, size, budget = sweep.parse(point)

@@ -20,7 +20,9 @@ import jax
 import ml_collections
 import orbax.checkpoint as ocp
 
-from diff_transformer.errors import TrainError
+from diff_transformer import run_folder
+from diff_transformer.errors import Stopped, TrainError
+from diff_transformer.run_folder import RunFolder
 from diff_transformer.training.orbax_errors import (OrbaxErrorCatcher, one_line,
                                                     quiet_failed_reads, settle_failed_reads)
 from diff_transformer.training.step import State, fingerprint
@@ -37,7 +39,7 @@ class Checkpointer:
   def __init__(self, workdir: Path, train_config: ml_collections.ConfigDict | None = None,
                read_only: bool = False):
     self.workdir = Path(workdir).resolve()
-    self.directory = self.workdir / "checkpoints"
+    self.directory = RunFolder(self.workdir).checkpoints
     t = train_config
     self.options = ocp.CheckpointManagerOptions(
         max_to_keep=int(t.max_to_keep) if t else None,
@@ -174,6 +176,8 @@ class Checkpointer:
             settle_failed_reads()
             raise
       except Exception as e:  # orbax/tensorstore raise many types for damaged files
+        if isinstance(e, Stopped) or Stopped.requests:
+          raise  # a driver's SIGTERM landed inside the read: a stop, not damage
         if isinstance(e, ValueError) and "tree structures do not match" in str(e):
           # Not damage: this config builds a state of another layout (e.g. another optimizer).
           raise TrainError(f"checkpoint step {s} in {self.directory} holds a state of another "
@@ -184,14 +188,15 @@ class Checkpointer:
               f"({failed[-1][1]})", flush=True)
         continue
       if failed and not self.options.read_only:
-        self.set_aside([f for f, _ in failed], "corrupt_checkpoints")
+        aside = self.set_aside([f for f, _ in failed], run_folder.CORRUPT_CHECKPOINTS)
         print(f"warning: fell back to checkpoint step {s}; moved damaged steps "
-              f"{[f for f, _ in failed]} to {self.workdir / 'corrupt_checkpoints'}", flush=True)
+              f"{[f for f, _ in failed]} to {aside}", flush=True)
       return state, s
     if failed:
+      why = ("nothing to read" if self.options.read_only else
+             "refusing to train from scratch over them: move them away or use another --workdir")
       raise TrainError(f"{self.directory}: no readable checkpoint (steps {[f for f, _ in failed]} "
-                       f"all failed, newest: {failed[0][1]}); refusing to train from scratch over "
-                       "them: move them away or use another --workdir")
+                       f"all failed, newest: {failed[0][1]}); {why}")
     return None
 
   def set_aside(self, steps: list[int], folder: str) -> Path:

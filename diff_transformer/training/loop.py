@@ -8,9 +8,7 @@ the workdir's lock (training/workdir.py) so no second run writes into it.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-import os
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +20,7 @@ from diff_transformer.errors import TrainError
 from diff_transformer.interop import hf_import
 from diff_transformer.model.attention import recorded_variant, variant_class
 from diff_transformer.model.spec import ModelSpec
+from diff_transformer.run_folder import RunFolder
 from diff_transformer.training import run_record
 from diff_transformer.training.checkpoint import Checkpointer
 from diff_transformer.training.guard import DivergenceGuard
@@ -131,7 +130,7 @@ def _open(config: ml_collections.ConfigDict, workdir: Path) -> _Run:
                      f"{dataset.tokenizer.name} tokenizer's {dataset.vocab_size} ids")
   batch_change = run_record.check_run_record(workdir, config, dataset.tokenizer)
   spec = ModelSpec.from_config(config.model)
-  if config.init_from_hf and not any((workdir / "checkpoints").glob("*")):
+  if config.init_from_hf and not any(RunFolder(workdir).checkpoints.glob("*")):
     # A new run from an HF folder: one line about a wrong folder before any state is built.
     hf_import.check_folder(spec, config.init_from_hf)
   mesh = make_mesh(config.mesh)
@@ -244,7 +243,7 @@ def _steps(run: _Run, logger: MetricsLogger, window: RateWindow, stop: StopSigna
       summary.update(val)
       window.reset()
       if t.stop_at_val_accuracy and val["val_accuracy"] >= t.stop_at_val_accuracy:
-        summary["stopped_at_level"] = last = True  # a finished run: saved, summary.json written
+        summary["stopped_at_level"] = last = True  # a finished run: saved, summary written
     stopping = stop.agreed(step % t.log_every == 0 or last or step % t.checkpoint_every == 0)
     if stopping or last or step % t.checkpoint_every == 0:
       if pending is not None:  # never save a NaN state
@@ -265,7 +264,7 @@ def _steps(run: _Run, logger: MetricsLogger, window: RateWindow, stop: StopSigna
 
 
 def _finish(run: _Run, summary: dict) -> None:
-  """The final line, and summary.json: the record that the run reached its last step (sweeps
+  """The final line, and the run's summary: the record that it reached its last step (sweeps
   and studies skip such runs on a rerun)."""
   summary["unigram_entropy"] = data.unigram_entropy(run.dataset)
   if jax.process_index() != 0:
@@ -274,6 +273,4 @@ def _finish(run: _Run, summary: dict) -> None:
         f"{summary['val_perplexity']:.1f}) vs unigram baseline "
         f"{summary['unigram_entropy']:.4f} nats/token; checkpoint step {summary['step']} in "
         f"{run.checkpointer.directory}", flush=True)
-  tmp = run.workdir / "summary.json.tmp"  # atomic: a kill leaves no half record
-  tmp.write_text(json.dumps(summary, indent=1))
-  os.replace(tmp, run.workdir / "summary.json")
+  RunFolder(run.workdir).write_summary(summary)

@@ -25,6 +25,7 @@ from diff_transformer import kernels
 from diff_transformer.model.attention import variant_class
 from diff_transformer.model.spec import ModelSpec
 from diff_transformer.params import abstract_model, param_shapes
+from diff_transformer.run_folder import RunFolder
 
 
 def matmul_params(spec: ModelSpec) -> int:
@@ -86,7 +87,7 @@ def _summary_writer():
 
 
 class MetricsLogger:
-  """metrics.jsonl + TensorBoard events (tb/) in the workdir, and a console progress bar.
+  """The metrics log (JSON rows) and TensorBoard events in the run folder, and a progress bar.
 
   Only process 0 writes; every process may call it.
   """
@@ -97,8 +98,9 @@ class MetricsLogger:
       return
     from tqdm import tqdm
     workdir.mkdir(parents=True, exist_ok=True)
-    self.jsonl = open(workdir / "metrics.jsonl", "a", buffering=1)
-    self.tb = _summary_writer()(str(workdir / "tb"))
+    folder = RunFolder(workdir)
+    self.jsonl = open(folder.metrics, "a", buffering=1)
+    self.tb = _summary_writer()(str(folder.tensorboard))
     self.bar = tqdm(total=total_steps, initial=start_step, dynamic_ncols=True, unit="step",
                     mininterval=1.0)
 

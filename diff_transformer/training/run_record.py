@@ -20,15 +20,15 @@ from pathlib import Path
 import jax
 import ml_collections
 
-from diff_transformer import provenance
+from diff_transformer import provenance, run_folder
 from diff_transformer.config import base_config
 from diff_transformer.data import assert_compatible, describe
 from diff_transformer.data.tokenizer import load_tokenizer
 from diff_transformer.errors import DataError, TrainError, last_line, read_json
 from diff_transformer.tree import flatten
 
-CONFIG_FILE = "config.json"
-CODE_VERSION = "code_version.json"
+CONFIG_FILE = run_folder.CONFIG
+CODE_VERSION = run_folder.CODE_VERSION
 TOKENIZER_RECORD = "tokenizer_record.json"
 TOKENIZER_COPY = "tokenizer.json"
 TOKENIZER_FILES = (TOKENIZER_COPY, "tokenizer.tiktoken", "tiktoken.json")  # copied into the run

@@ -30,7 +30,7 @@ from diff_transformer.model.spec import ModelSpec
 from diff_transformer.params import abstract_model
 from diff_transformer.sharding import BATCH, LENGTH, LOGICAL_RULES, constrain, logical_to_spec
 from diff_transformer.training import loss
-from diff_transformer.training.optim import learning_rate_schedule, make_optimizer
+from diff_transformer.training.optim import decay_mask, learning_rate_schedule, make_optimizer
 
 State = dict[str, Any]
 Batch = dict[str, jax.Array]
@@ -53,12 +53,12 @@ class Trainer:
                spec: ModelSpec | None = None):
     self.config, self.mesh = config, mesh
     self.spec = spec or ModelSpec.from_config(config.model)
-    self.tx = make_optimizer(config.train)
     self.schedule = learning_rate_schedule(config.train)
     self.micro_batches = int(config.train.micro_batches)
     self.z_loss = float(config.train.z_loss)
     abstract = abstract_model(self.spec)
     self.graphdef, abs_params, _ = nnx.split(abstract, nnx.Param, ...)
+    self.tx = make_optimizer(config.train, decay_mask(abs_params, config.train))
     # The logical names straight from each variable's metadata (nnx.get_partition_spec would
     # already apply whatever rules context the caller is in).
     logical = nnx.to_pure_dict(jax.tree.map(

@@ -4,11 +4,12 @@ lives on the class. docs/adding_a_variant.md lists the steps."""
 import importlib
 
 from diff_transformer.errors import ConfigError
-from diff_transformer.model.attention.base import Attention, LayerConstant, Projected
+from diff_transformer.model.attention.base import Attention, Projected
 from diff_transformer.model.attention.diff_v1 import DiffAttention
 from diff_transformer.model.attention.diff_v2 import DiffV2Attention
 from diff_transformer.model.attention.shared_diff import SharedDiffAttention
 from diff_transformer.model.attention.transformer import TransformerAttention
+from diff_transformer.model.roles import LayerConstant
 
 __all__ = ["Attention", "LayerConstant", "Projected", "PAPER_VARIANTS", "VARIANTS", "DiffAttention",
            "DiffV2Attention", "SharedDiffAttention", "TransformerAttention", "known_variant",

@@ -29,10 +29,6 @@ from diff_transformer.model.spec import ModelSpec
 Array = jax.Array
 
 
-class LayerConstant(nnx.Variable):
-  """A per-layer constant (e.g. lambda_init): saved with the model, never trained."""
-
-
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class Projected:
@@ -58,6 +54,9 @@ class Attention(nnx.Module):
   map_name = "A"
   # Whether model.rank (a low-rank update width) applies; presets set it only then.
   low_rank = False
+  # The Hugging Face target it exports to and imports from (interop/weights.py TARGETS); None:
+  # none (export and import refuse it in one line).
+  hf_target: str | None = None
 
   def __init__(self, spec: ModelSpec, layer_idx, *, rngs: nnx.Rngs):
     del layer_idx, rngs

@@ -14,13 +14,14 @@ import jax.numpy as jnp
 from flax import nnx
 
 from diff_transformer.errors import ConfigError
-from diff_transformer.model.attention.base import (Attention, LayerConstant, Projected,
-                                                   lambda_init_value)
+from diff_transformer.model.attention.base import Attention, Projected, lambda_init_value
 from diff_transformer.model.layers import rms_normalize
+from diff_transformer.model.roles import Gain, Lambda, LayerConstant
 
 
 class DiffAttention(Attention):
   map_name = "A1 - lambda A2"
+  hf_target = "diff_llama"  # Shared DIFF too: its low-rank factors are materialised
 
   def __init__(self, spec, layer_idx, *, rngs: nnx.Rngs):
     super().__init__(spec, layer_idx, rngs=rngs)
@@ -30,11 +31,11 @@ class DiffAttention(Attention):
     self.wo = self._dense(h * 2 * d, D, ("heads", "embed"), rngs)
     lam_init = nnx.initializers.normal(spec.lambda_std)
     for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
-      setattr(self, name, nnx.Param(lam_init(rngs.params(), (d,), jnp.float32),
-                                    out_sharding=("head_dim",)))
+      setattr(self, name, Lambda(lam_init(rngs.params(), (d,), jnp.float32),
+                                 out_sharding=("head_dim",)))
     self.lambda_init = LayerConstant(lambda_init_value(layer_idx, spec.lambda_init))
     if spec.subln:
-      self.subln_scale = nnx.Param(jnp.ones((2 * d,), jnp.float32), out_sharding=("norm",))
+      self.subln_scale = Gain(jnp.ones((2 * d,), jnp.float32), out_sharding=("norm",))
 
   @classmethod
   def cache_layout(cls, spec):

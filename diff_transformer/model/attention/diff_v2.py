@@ -13,10 +13,12 @@ from flax import nnx
 
 from diff_transformer.errors import ConfigError
 from diff_transformer.model.attention.base import Attention, Projected
+from diff_transformer.model.roles import Lambda, declare
 
 
 class DiffV2Attention(Attention):
   map_name = "A1 - lambda A2"
+  hf_target = "diff_v2"
 
   @classmethod
   def query_heads(cls, spec):
@@ -57,6 +59,7 @@ class DiffV2Attention(Attention):
     self.wo = self._dense(h * d, D, ("heads", "embed"), rngs)
     if spec.v2_lambda != "none":
       self.wlambda = self._dense(D, h, ("embed", "lambda_heads"), rngs)
+      declare(self.wlambda, "kernel", Lambda)
 
   def lam(self, x_BTD) -> jax.Array:
     """float32 [B, T, h] (or the scalar 1 for the no-lambda ablation)."""

@@ -7,6 +7,8 @@ from diff_transformer.model.attention.base import Attention, Projected
 
 
 class TransformerAttention(Attention):
+  hf_target = "llama"
+
   def __init__(self, spec, layer_idx, *, rngs: nnx.Rngs):
     super().__init__(spec, layer_idx, rngs=rngs)
     D, N, K, H = spec.d_model, spec.num_heads, spec.kv_heads, spec.head_dim

@@ -1,5 +1,7 @@
-"""Run a sweep's points (sequentially here, or as one command each for a scheduler), skipping
-finished points; interrupted points resume from their checkpoints (train.py does that).
+"""The child launcher of the drivers (sweep.py, study.py): each point of a `Plan` (a sweep or a
+study: anything with a name, its points, and a config per point) is one `train.py` in its own run
+folder, up to `jobs` at once (or printed as one command each for a scheduler); finished points
+are skipped and interrupted ones resume from their checkpoints (train.py does that).
 
 Faults: a child train.py gets SIGTERM when its driver dies, even by SIGKILL (Linux
 PR_SET_PDEATHSIG), so it saves a checkpoint and exits; SIGTERM or Ctrl-C to the driver stop the
@@ -18,18 +20,31 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import IO, Callable
+from typing import IO, Callable, Protocol
 
+import ml_collections
 from tqdm import tqdm
 
-from diff_transformer.errors import read_json
-from diff_transformer.sweeps.definition import Sweep, SweepError
+from diff_transformer.errors import Stopped, UserError
+from diff_transformer.run_folder import RunFolder
 from diff_transformer.training.run_record import check_setting
 from diff_transformer.training.workdir import WorkdirLock
 
 DRIVER_LOCK = "driver.lock"  # held by the study.py / sweep.py running on a root
-SUMMARY = "summary.json"  # written by the trainer when a run reaches its last step
 LOCK_WAIT_S = 120  # a child stopped by its driver's death saves and exits within this
+
+
+class LaunchError(UserError, RuntimeError):
+  """A point that cannot be launched, or a child that failed; one line."""
+
+
+class Plan(Protocol):
+  """What the launcher needs of a sweep or a study."""
+  name: str
+
+  def validate(self) -> "Plan": ...
+  def points(self) -> list[str]: ...
+  def get_config(self, point: str) -> ml_collections.ConfigDict: ...
 
 
 def _die_with_parent() -> None:
@@ -42,8 +57,8 @@ def _die_with_parent() -> None:
 
 def wait_for_workdir(workdir: str, seconds: float = LOCK_WAIT_S) -> None:
   """Waits while another process (a child of a driver that was killed, still saving) holds the
-  workdir's train.lock; after `seconds` train.py's own refusal names the holder."""
-  path = os.path.join(workdir, "train.lock")
+  workdir's training lock; after `seconds` train.py's own refusal names the holder."""
+  path = RunFolder(workdir).lock
   if not os.path.exists(path):
     return
   deadline = time.monotonic() + seconds
@@ -61,14 +76,14 @@ def wait_for_workdir(workdir: str, seconds: float = LOCK_WAIT_S) -> None:
 
 def start_child(cmd: list[str], workdir: str, core: int | None = None
                 ) -> tuple[subprocess.Popen, IO]:
-  """Starts one train.py (after any dying child has left its workdir) logging to sweep.log,
+  """Starts one train.py (after any dying child has left its workdir) logging to its run folder,
   pinned to one CPU core when `core` is given (XLA then sizes its thread pool to that core)."""
   wait_for_workdir(workdir)
   def preexec() -> None:
     _die_with_parent()
     if core is not None:
       os.sched_setaffinity(0, {core})
-  log = open(os.path.join(workdir, "sweep.log"), "a")
+  log = open(RunFolder(workdir).log, "a")
   return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=preexec), log
 
 
@@ -94,12 +109,9 @@ def cores_for(jobs: int) -> list[int | None]:
   return sorted(os.sched_getaffinity(0))[:jobs]
 
 
-_STOPPED: list[int] = []  # SIGTERM received (the handler's exception can be swallowed, below)
-
-
-def _stopped() -> SweepError:
-  return SweepError("stopped by SIGTERM (a running point saves a checkpoint first); rerun the "
-                    "same command to resume")
+def _stopped() -> Stopped:
+  return Stopped("stopped by SIGTERM (a running point saves a checkpoint first); rerun the "
+                 "same command to resume")
 
 
 @contextlib.contextmanager
@@ -118,74 +130,67 @@ def holding(root: str | os.PathLike, program: str):
 
 
 def stop_on_sigterm() -> None:
-  """Makes SIGTERM to a driver (sweep.py, study.py) a one-line SweepError in its main thread,
+  """Makes SIGTERM to a driver (sweep.py, study.py) a one-line `Stopped` in its main thread,
   after the running children have been stopped and have saved. Python drops an exception raised
   while it runs a garbage-collection callback, so the request is also remembered and raised again
   at the driver's next safe point (`raise_if_stopped`)."""
   def handler(signum, frame):
     del frame
-    _STOPPED.append(signum)
+    Stopped.requests.append(signum)
     raise _stopped()
   signal.signal(signal.SIGTERM, handler)
 
 
 def raise_if_stopped() -> None:
-  if _STOPPED:
+  if Stopped.requests:
     raise _stopped()
 
 
-def read_summary(workdir: str) -> dict | None:
-  path = os.path.join(workdir, SUMMARY)
-  if not os.path.exists(path):
-    return None
-  return read_json(path, SweepError)
-
-
-def finished(sweep: Sweep, point: str, workdir: str) -> bool:
+def finished(plan: Plan, point: str, workdir: str) -> bool:
   """The run reached its last step, or stopped at its train.stop_at_val_accuracy level."""
-  summary = read_summary(workdir)
-  return bool(summary) and (summary.get("step", -1) >= sweep.get_config(point).train.steps or
+  summary = RunFolder(workdir).read_summary(LaunchError)
+  return bool(summary) and (summary.get("step", -1) >= plan.get_config(point).train.steps or
                             bool(summary.get("stopped_at_level")))
 
 
-def command(sweep_file: str, point: str, workdir: str, python: str = sys.executable) -> list[str]:
-  return [python, "train.py", f"--config={sweep_file}:{point}", f"--workdir={workdir}"]
+def command(plan_file: str, point: str, workdir: str, python: str = sys.executable) -> list[str]:
+  return [python, "train.py", f"--config={plan_file}:{point}", f"--workdir={workdir}"]
 
 
-def run(sweep: Sweep, sweep_file: str, root: str, *, mode: str = "local", launcher: str = "",
+def run(plan: Plan, plan_file: str, root: str, *, mode: str = "local", launcher: str = "",
         extra_args: tuple[str, ...] = (), points: list[str] | None = None,
         point_args: dict[str, tuple[str, ...]] | None = None, keep_going: bool = False,
         jobs: int = 1, on_done: Callable[[str, str], None] | None = None,
         check_settings: bool = False, retrain: bool = False) -> dict[str, str]:
-  """Runs `points` (default: every point of the sweep; `point_args` adds flags per point), up
+  """Runs `points` (default: every point of the plan; `point_args` adds flags per point), up
   to `jobs` at once. Returns {point: 'skipped' | 'ran' | 'printed' | 'failed (exit N); see
   LOG'}; a failed local run raises unless keep_going, which records it and goes on. With
   check_settings, a workdir trained under another setting than the point's config is refused
   in one line, or with `retrain` moved aside and trained anew."""
-  sweep.validate()
+  plan.validate()
   if mode not in ("local", "print"):
-    raise SweepError(f"--mode: '{mode}' is not one of local, print")
+    raise LaunchError(f"--mode: '{mode}' is not one of local, print")
   point_args = point_args or {}
   status = {}
   todo = []
-  for point in sweep.points() if points is None else points:
+  for point in plan.points() if points is None else points:
     workdir = os.path.join(root, point)
     if check_settings:
-      check_setting(Path(workdir), point, sweep.get_config(point), retrain)
-    if finished(sweep, point, workdir):
+      check_setting(Path(workdir), point, plan.get_config(point), retrain)
+    if finished(plan, point, workdir):
       status[point] = "skipped"
     else:
       todo.append((point, workdir))
   if mode == "print":
     for point, workdir in todo:
-      cmd = (command(sweep_file, point, workdir, python="python") + list(extra_args) +
+      cmd = (command(plan_file, point, workdir, python="python") + list(extra_args) +
              list(point_args.get(point, ())))
       print(f"{launcher} {shlex.quote(shlex.join(cmd))}" if launcher else shlex.join(cmd))
       status[point] = "printed"
     return status
-  _run_local(todo, lambda p, w: (command(sweep_file, p, w) + list(extra_args) +
+  _run_local(todo, lambda p, w: (command(plan_file, p, w) + list(extra_args) +
                                   list(point_args.get(p, ()))),
-             status, jobs=jobs, keep_going=keep_going, on_done=on_done, name=sweep.name)
+             status, jobs=jobs, keep_going=keep_going, on_done=on_done, name=plan.name)
   return status
 
 
@@ -215,10 +220,9 @@ def _run_local(todo: list[tuple[str, str]], make_command: Callable[[str, str], l
       log.close()
       bar.update()
       if proc.returncode != 0:
-        failure = (f"failed (exit {proc.returncode}); see "
-                   f"{os.path.join(workdir, 'sweep.log')}")
+        failure = f"failed (exit {proc.returncode}); see {RunFolder(workdir).log}"
         if not keep_going:
-          raise SweepError(f"sweep point {point} {failure}; rerun to resume it")
+          raise LaunchError(f"sweep point {point} {failure}; rerun to resume it")
         status[point] = failure
       else:
         status[point] = "ran"

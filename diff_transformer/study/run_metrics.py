@@ -1,0 +1,115 @@
+"""What a finished run's record holds beyond its identity: its learning curve from the metrics
+log, the time to a level (censored at the budget), whether it was still improving, how far past
+early descent it was, and the task or text metrics read from its evaluation results."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from diff_transformer import provenance
+from diff_transformer.training.run_record import read_code_versions
+
+
+def curve(rows: list[dict], key: str = "val_accuracy") -> list[tuple[int, float]]:
+  """(step, value) of a validation metric from a run's metrics log, in order (the last record
+  of a step)."""
+  points = {int(r["step"]): float(r[key]) for r in rows if key in r}
+  return sorted(points.items())
+
+
+def first_step(points: list[tuple[int, float]], level: float) -> tuple[float, bool]:
+  """(the first evaluated step whose held-out accuracy reaches `level`, True), or (the last
+  evaluated step, False) when it never did: a time censored at the budget, never dropped."""
+  hit = next((float(step) for step, acc in points if acc >= level), None)
+  if hit is not None:
+    return hit, True
+  return (float(points[-1][0]) if points else math.nan), False
+
+
+def still_rising(points: list[tuple[int, float]], tail: float = 0.2, margin: float = 0.01,
+                 ceiling: float | None = None, level: float | None = None) -> bool:
+  """Whether a held-out metric (higher is better: accuracy, or minus the loss) rose by more than
+  `margin` over the last `tail` of the steps: a run that has not plateaued may close a gap with
+  more steps. With a `ceiling` (accuracy: 1) the rise must also close more than a tenth of the
+  headroom left at the start of the tail, and a run within `margin` of the ceiling has no gap
+  left to close; a run at or above `level` (the primary's) has reached what the study measures
+  and is not flagged."""
+  if len(points) < 2:
+    return False
+  last_step, last = points[-1]
+  start = last_step * (1 - tail)
+  before = ([acc for step, acc in points if step <= start] or [points[0][1]])[-1]
+  if level is not None and last >= level:
+    return False
+  if ceiling is not None and (ceiling - last <= margin or last - before <= 0.1 * (ceiling - before)):
+    return False  # no gap left to close, or less than a tenth of the headroom closed
+  return last - before > margin
+
+
+def code_versions(workdir: Path) -> list[str]:
+  """The code that trained the run, one label per version (a resume under other code adds one)."""
+  return [provenance.label(v) for v in read_code_versions(workdir)]
+
+
+def train_seconds(rows: list[dict]) -> float:
+  times = [r["time"] for r in rows]
+  return float(max(times) - min(times)) if times else math.nan
+
+
+def task_record(ev: dict, points: list[tuple[int, float]], level: float) -> dict:
+  signed, absolute = ev["attention"]["averaged"], ev["attention"]["averaged_abs"]
+  steps_to_90, reached = first_step(points, level)
+  return dict(
+      accuracy={k: v["accuracy"] for k, v in ev["task"]["slices"].items()},
+      chance={k: v["chance"] for k, v in ev["task"]["slices"].items()},
+      first_query_accuracy=ev["task"]["by_query"][0],
+      answer_share=signed["answer"], distractor_share=signed["distractors"],
+      noise_share=signed["noise"], abs_answer_share=absolute["answer"],
+      abs_distractor_share=absolute["distractors"], abs_noise_share=absolute["noise"],
+      negative_mass=sum(ev["attention"]["averaged_negative"].values()),
+      negative_by_span=ev["attention"]["averaged_negative"],
+      shares_by_layer=dict(signed=ev["attention"]["by_layer"],
+                           abs=ev["attention"]["by_layer_abs"],
+                           negative=ev["attention"]["by_layer_negative"]),
+      logit_top1=ev["outliers"]["overall"]["attention_logits"]["top1"],
+      steps_to_90=steps_to_90, reached_90=reached,
+      still_rising=still_rising(points, ceiling=1.0, level=level), curve=points)
+
+
+def text_record(ev: dict, rows: list[dict], tokens_per_step: int, unigram: float) -> dict:
+  loss, points = ev["loss"], curve(rows, "val_loss")
+  out = dict(loss=loss["loss"], ar_hit_loss=loss["ar_hit"]["loss"],
+             others_loss=loss["others"]["loss"], ar_hit_fraction=loss["ar_hit"]["fraction"],
+             ar_hit_context=loss.get("ar_hit_context", 1), unigram_entropy=unigram,
+             still_rising=still_rising([(step, -v) for step, v in points]),  # loss still falling
+             tail_fall=tail_fall(points, unigram),
+             curve=[(step * tokens_per_step, v) for step, v in points])
+  if loss["ar_hit"].get("ngram_loss") is not None:
+    out.update(ngram_loss=loss["ngram_loss"], ngram_ar_hit_loss=loss["ar_hit"]["ngram_loss"],
+               ngram_others_loss=loss["others"]["ngram_loss"])
+  for share in BUDGET_SHARES:  # the held-out loss (training-time eval rows) at part of the budget
+    out[f"val_loss_at_{round(share * 100)}pct"] = at_share(points, share)
+  return out
+
+
+BUDGET_SHARES = (0.25, 0.5, 1.0)
+
+
+def at_share(points: list[tuple[int, float]], share: float) -> float | None:
+  """The value at the last evaluated step within `share` of the run's last step."""
+  if not points:
+    return None
+  limit = points[-1][0] * share
+  return next((v for step, v in reversed(points) if step <= limit + 1e-9), None)
+
+
+def tail_fall(points: list[tuple[int, float]], unigram: float | None, tail: float = 0.2
+              ) -> float | None:
+  """How much of its total fall below the unigram baseline a loss curve made over its last
+  `tail` of the steps: under 0.05 is past early descent (the LM study's criterion)."""
+  if len(points) < 2 or unigram is None or not math.isfinite(unigram):
+    return None
+  last_step, last = points[-1]
+  before = at_share(points, 1 - tail)
+  total = unigram - last
+  return (before - last) / total if before is not None and total > 0 else None

@@ -1,0 +1,123 @@
+"""The sections of a language-modelling study's report (study/markdown.py orders them): what the
+design can resolve, whether the runs were past early descent, the gap at parts of the budget,
+and the AR-hit split beside a context-free n-gram model (the DIFF paper's Table 6 analog)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from diff_transformer.study.cells import diff, num, table
+from diff_transformer.study.stats import smallest_effect
+
+DESCENT_LIMIT = 0.05  # past early descent: the last 20% of steps made under 5% of the fall
+SHARES = (25, 50, 100)
+
+
+def _runs(result: dict, variant: str) -> list[dict]:
+  return [r for r in result["runs"] if r["variant"] == variant]
+
+
+def resolvable(result: dict) -> list[str]:
+  """First lines: the smallest paired effect the design detects, in paired standard deviations
+  and (from the measured spread) in nats, and what the study cannot speak to."""
+  info, primary = result["study"], result["study"]["primary"]
+  m = info.get("design", {}).get("primary", {}).get("comparisons") or 1
+  n = len(info["seeds"])
+  k = smallest_effect(n, m)
+  sds = [e[primary]["sd"] for e in result["paired"].values()
+         if primary in e and e[primary].get("sd") is not None and math.isfinite(e[primary]["sd"])]
+  spread = (f"; the measured SD of the paired differences in `{primary}` is "
+            f"{num(min(sds), 4)}-{num(max(sds), 4)} nats, so the smallest effect this study "
+            f"resolves is about {num(k * min(sds), 4)}-{num(k * max(sds), 4)} nats" if sds else
+            "; no paired differences are measured yet")
+  lines = [f"**What this design can resolve**: with {n} seeds and {m} comparisons (Holm), a "
+           f"paired difference of {k:.2f} standard deviations of the per-seed differences is "
+           f"detected with 80% power (paired t approximation at alpha = 0.05/{m}){spread}. "
+           "A smaller true difference is likely to read 'not resolved'."]
+  if info.get("scope"):
+    lines.append(f"**Out of reach**: {info['scope']}")
+  return [x for line in lines for x in (line, "")]
+
+
+def descent(result: dict) -> list[str]:
+  """Was each run past early descent (under DESCENT_LIMIT of its fall below the unigram baseline
+  made over its last 20% of steps)? The grid runs, at every lr, are the pilot."""
+  rows = []
+  for v in result["summary"]:
+    falls = [r["tail_fall"] for r in _runs(result, v) if r.get("tail_fall") is not None]
+    if falls:
+      rows.append([v, "compared", f"{np.mean(falls):.3f}", f"{max(falls):.3f}",
+                   f"{sum(f < DESCENT_LIMIT for f in falls)}/{len(falls)}"])
+  for cell, by_lr in ((result.get("lr_grid") or {}).get("table") or {}).items():
+    falls = [c["tail_fall"] for seeds in by_lr.values() for c in seeds.values()
+             if c and c.get("tail_fall") is not None]
+    if falls:
+      rows.append([cell, "lr grid (pilot)", f"{np.mean(falls):.3f}", f"{max(falls):.3f}",
+                   f"{sum(f < DESCENT_LIMIT for f in falls)}/{len(falls)}"])
+  if not rows:
+    return []
+  return (["## Past early descent?", "",
+           "Share of each run's fall below the unigram baseline (validation loss, training-time "
+           "eval rows) made over its last 20% of steps; under "
+           f"{DESCENT_LIMIT:g} counts as past early descent (a run still in early descent makes "
+           "20-30% of its fall there)."] + [""] +
+          table(["variant", "runs", "mean share", "largest share",
+                 f"runs under {DESCENT_LIMIT:g}"], rows) + [""])
+
+
+def budgets(result: dict) -> list[str]:
+  """The paired gap at 25%, 50% and 100% of the steps, and whether it narrows."""
+  paired = result["paired"]
+  if not paired:
+    return []
+  names = [f"val_loss_at_{s}pct" for s in SHARES]
+  rows, notes = [], []
+  for v, entries in paired.items():
+    rows.append([v] + [diff(entries.get(m)) for m in names])
+    first, last = entries.get(names[0], {}), entries.get(names[-1], {})
+    if first.get("n") and last.get("n"):
+      change = "narrows" if abs(last["mean_diff"]) < abs(first["mean_diff"]) else "does not narrow"
+      notes.append(f"{v}: {num(first['mean_diff'], 4)} -> {num(last['mean_diff'], 4)} ({change})")
+  return (["## The gap at part of the budget (descriptive)", "",
+           "Paired difference vs the Transformer in validation loss (training-time eval rows) "
+           f"after {', '.join(f'{s}%' for s in SHARES)} of the steps (the same runs, read "
+           "from their curves; the lr was tuned for the full budget)."] + [""] +
+          table(["variant"] + [f"at {s}%" for s in SHARES], rows) +
+          (["", "From 25% to 100% of the budget the mean gap " + "; ".join(notes) + "."]
+           if notes else []) + [""])
+
+
+def ar_hit(result: dict) -> list[str]:
+  """Table 6 analog, shown only where the models copy in context: every run's AR-hit loss below
+  the context-free n-gram model's on the same tokens."""
+  runs = [r for r in result["runs"] if r.get("ngram_ar_hit_loss") is not None]
+  if not runs:
+    return []
+  context = runs[0].get("ar_hit_context", 1)
+  below = sum(r["ar_hit_loss"] < r["ngram_ar_hit_loss"] for r in runs)
+  head = ["## AR-hit split beside a context-free n-gram model (Table 6 analog)", "",
+          f"AR-hit: the {context} tokens before a target, followed by it, occurred earlier in the "
+          f"same context. The n-gram model (Witten-Bell, {context} tokens of context, fitted on "
+          "the training split) never sees the rest of the context: a model whose AR-hit loss is "
+          "not clearly below it shows no sign of copying in context.", ""]
+  if below < len(runs):
+    return head + [f"**Dropped**: the AR-hit loss is below the n-gram model's on only {below} of "
+                   f"{len(runs)} runs, so a difference between variants on these tokens would "
+                   "not be about in-context copying.", ""]
+  rows = []
+  for v in result["summary"]:
+    mine = [r for r in runs if r["variant"] == v]
+    mean = lambda k: float(np.mean([r[k] for r in mine]))  # noqa: E731
+    rows.append([v, num(mean("ar_hit_fraction"), 3), num(mean("ar_hit_loss"), 4),
+                 num(mean("ngram_ar_hit_loss"), 4), num(mean("others_loss"), 4),
+                 num(mean("ngram_others_loss"), 4),
+                 num((mean("ngram_ar_hit_loss") - mean("ar_hit_loss")) -
+                     (mean("ngram_others_loss") - mean("others_loss")), 4)])
+  return head + [f"Every run's AR-hit loss is below the n-gram model's ({below}/{len(runs)})."
+                 " Means over seeds; the last column is how much more the model gains over the "
+                 "n-gram model on AR-hit tokens than on the others.", ""] + table(
+      ["variant", "AR-hit share", "AR-hit loss", "n-gram AR-hit", "others loss",
+       "n-gram others", "extra gain on AR-hit"], rows) + [
+      "", "Paired differences in the AR-hit loss are in the secondary family below."
+      if "ar_hit_loss" in result["study"].get("secondary", []) else "", ""]
