@@ -14,7 +14,7 @@ import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-from diff_transformer import cli  # noqa: E402
+from diff_transformer import cli, paths  # noqa: E402
 
 from absl import flags  # noqa: E402
 
@@ -45,7 +45,7 @@ def main(argv):
   del argv
   config = cli.load_config()
   if FLAGS.out:
-    cli.creatable(os.path.dirname(FLAGS.out) or ".", "--out")
+    paths.creatable(os.path.dirname(FLAGS.out) or ".", "--out")
   rows = []
   if FLAGS.all_presets:
     for size in scaling.NOMINAL:  # the Table 10 rows

@@ -7,7 +7,7 @@ runs the suites and writes <workdir>/eval/<suite>.json, plots and report.md.
 """
 from __future__ import annotations
 
-from diff_transformer import cli
+from diff_transformer import cli, paths
 
 cli.default_platform()
 
@@ -31,6 +31,8 @@ flags.DEFINE_integer("seed", None, "Seed for needles, demos and sampling.")
 flags.DEFINE_integer("batch_size", None, "Rows per forward pass.")
 flags.DEFINE_integer("val_batches", None, "Validation batches for loss (0 = all).")
 flags.DEFINE_integer("context_len", None, "Context for loss/long_context (<= max_seq_len).")
+flags.DEFINE_integer("ar_hit_context", None, "loss: tokens before a target in its AR-hit n-gram "
+                     "and the n-gram baseline's context (default 1: the bigram).")
 flags.DEFINE_list("needle_lengths", None, "Needle context lengths (default max/2, max).")
 flags.DEFINE_list("needle_configs", None, "N x R pairs, e.g. 1x1,2x2,4x2,6x2.")
 flags.DEFINE_integer("needle_samples", None, "Samples per (length, depth).")
@@ -41,8 +43,8 @@ flags.DEFINE_float("temperature", None, "Sampling temperature for generate.")
 flags.DEFINE_integer("top_k", None, "Top-k for sampling (0 = off).")
 FLAGS = flags.FLAGS
 # Flags passed to Settings under their own names (None keeps the mode's default).
-_SETTINGS_FLAGS = ("seed", "batch_size", "val_batches", "context_len", "needle_samples", "icl_data",
-                   "prompt", "max_new_tokens", "temperature", "top_k")
+_SETTINGS_FLAGS = ("seed", "batch_size", "val_batches", "context_len", "ar_hit_context",
+                   "needle_samples", "icl_data", "prompt", "max_new_tokens", "temperature", "top_k")
 
 
 def _ints(values, flag: str) -> tuple[int, ...] | None:
@@ -77,7 +79,7 @@ def _mesh():
 def main(argv):
   logging.set_verbosity(logging.WARNING)  # orbax logs every restore detail at INFO
   if FLAGS.compare:
-    out = cli.output_dir(FLAGS.compare_dir, "--compare_dir") if FLAGS.compare_dir else None
+    out = paths.output_dir(FLAGS.compare_dir, "--compare_dir") if FLAGS.compare_dir else None
     path = report.compare(argv[1:], out)
     print(f"Comparison written to {path}")
     return

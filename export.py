@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from diff_transformer import cli
+from diff_transformer import cli, paths
 
 cli.default_platform()
 
@@ -27,7 +27,7 @@ def main(argv):
   del argv
   from absl import logging
   logging.set_verbosity(logging.ERROR)  # orbax warns about read-only restores
-  cli.creatable(FLAGS.out, "--out")
+  paths.creatable(FLAGS.out, "--out")
   summary = export_run(FLAGS.workdir, FLAGS.out, FLAGS.step)
   print(f"Exported {summary['variant']} step {summary['step']} as {summary['architecture']} "
         f"to {FLAGS.out}")

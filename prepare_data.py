@@ -17,9 +17,9 @@ import argparse
 import json
 import time
 
-from diff_transformer import cli
+from diff_transformer import cli, paths
 from diff_transformer.config import base_config
-from diff_transformer.data import DataError, load_dataset, prepare_files
+from diff_transformer.data import DataError, ensure_prepared, open_prepared, prepare_files
 from diff_transformer.data.dataset import verify_prepared
 from diff_transformer.data.shards import SHARD_TOKENS
 from diff_transformer.data.tokenizer import TOKENIZERS
@@ -69,12 +69,12 @@ def main(argv: list[str] | None = None) -> int:
     cfg = defaults
     cfg.update(dict(tokenizer=args.tokenizer, bpe_vocab_size=args.bpe_vocab_size,
                     val_fraction=args.val_fraction, cache_dir=args.cache_dir))
-    ds = load_dataset(cfg)
-    meta, out = ds.metadata, ds.path
+    out = ensure_prepared(cfg)
+    meta = open_prepared(out, int(cfg.seq_len)).metadata
   else:
     if not args.output:
       raise DataError("--output: required (the directory to write)")
-    cli.creatable(args.output, "--output")
+    paths.creatable(args.output, "--output")
     if args.tokenizer_file and args.tiktoken_file:
       raise DataError("--tokenizer_file, --tiktoken_file: give one of them")
     if args.tokenizer_file or args.tiktoken_file:

@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from diff_transformer import cli
+from diff_transformer import cli, paths
 
 cli.default_platform()
 
@@ -80,8 +80,8 @@ def main(argv):
                              name=FLAGS.name, exploratory=FLAGS.exploratory).validate()
   if FLAGS.jobs < 1:
     raise ConfigError(f"--jobs: must be a positive number of children, got {FLAGS.jobs}")
-  root = cli.output_dir(FLAGS.root or Path("runs") / "studies" / study.name, "--root")
-  results = cli.output_dir(FLAGS.results, "--results") if FLAGS.results else root
+  root = paths.output_dir(FLAGS.root or Path("runs") / "studies" / study.name, "--root")
+  results = paths.output_dir(FLAGS.results, "--results") if FLAGS.results else root
   with contextlib.ExitStack() as held:  # one driver per root (and per results directory)
     for folder in dict.fromkeys((root, results)):
       held.enter_context(launch.holding(folder, "study.py"))

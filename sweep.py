@@ -11,7 +11,7 @@ import contextlib
 import json
 import os
 
-from diff_transformer import cli
+from diff_transformer import cli, paths
 
 cli.default_platform()
 
@@ -39,7 +39,7 @@ def main(argv):
   sweep.validate()
   local = FLAGS.mode == "local" and not FLAGS.collect_only  # printed commands run elsewhere
   if local:
-    root = str(cli.output_dir(root, "--root"))
+    root = str(paths.output_dir(root, "--root"))
   if not FLAGS.collect_only:
     with launch.holding(root, "sweep.py") if local else contextlib.nullcontext():
       status = launch.run(sweep, FLAGS.sweep, root, mode=FLAGS.mode, launcher=FLAGS.launcher,

@@ -17,7 +17,6 @@ import importlib.util
 import logging
 import os
 import sys
-import tempfile
 import traceback
 from pathlib import Path
 from typing import Any, Callable, NoReturn
@@ -55,40 +54,6 @@ def exit_with(line: str, code: int = USER_ERROR_EXIT) -> NoReturn:
 
 def fail(message: str) -> NoReturn:
   exit_with(f"error: {message}")
-
-
-def output_dir(path: str | Path, flag: str) -> Path:
-  """The directory a program writes to, created and probed before any work: an impossible or
-  unwritable path is one UserError naming the flag, the path and the reason."""
-  path = Path(path).expanduser()
-  if path.exists() and not path.is_dir():
-    raise UserError(f"{flag} {path}: is a file, not a directory")
-  try:
-    path.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryFile(dir=path):
-      pass
-  except OSError as e:
-    raise UserError(f"{flag} {path}: cannot write there ({e.strerror})") from None
-  return path
-
-
-def creatable(path: str | Path, flag: str) -> Path:
-  """A path a program will create (its own atomic publish): an existing directory must be
-  writable; otherwise its nearest existing ancestor must be a directory that takes a new entry.
-  Probed before any work; a refusal is one UserError naming the flag, the path and the reason."""
-  path = Path(path).expanduser()
-  if path.is_dir():
-    return output_dir(path, flag)
-  if path.exists():
-    raise UserError(f"{flag} {path}: is a file, not a directory")
-  parent = next(p for p in path.absolute().parents if p.exists())
-  if not parent.is_dir():
-    raise UserError(f"{flag} {path}: {parent} is a file, not a directory")
-  try:
-    os.rmdir(tempfile.mkdtemp(dir=parent))
-  except OSError as e:
-    raise UserError(f"{flag} {path}: cannot create it ({e.strerror})") from None
-  return path
 
 
 def _guarded(main: Callable[..., Any], *args) -> Any:

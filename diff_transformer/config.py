@@ -81,6 +81,8 @@ def base_config() -> ml_collections.ConfigDict:
       b2=0.98,
       eps=1e-8,
       weight_decay=0.05,
+      # Weight decay by a parameter's declared role (model/roles.py), never its name: weights
+      # always; norm gains, lambdas and the embedding table as these say.
       decay_norms=False,
       decay_lambda=False,
       decay_embeddings=True,

@@ -3,12 +3,13 @@ import os
 import shutil
 import sys
 import tempfile
+from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from child_env import with_fast_compile  # noqa: E402  (tests/ is on sys.path under pytest)
+from tests.helpers.child_env import with_fast_compile  # noqa: E402  (the root is on sys.path)
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # libtpu may be installed for AOT compiles
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # parallel test workers share libtpu
@@ -58,3 +59,27 @@ def pytest_collection_modifyitems(config, items):
   for item in items:
     if item.get_closest_marker("long"):  # the marker itself, not any keyword spelled "long"
       item.add_marker(skip)
+
+
+# The tiny byte-level corpus and one uninterrupted reference run, built once per session (the
+# xdist workers share them through tests/helpers/shared_dirs.py). Imported after the environment
+# above is set: these import the library.
+from tests.helpers import runs  # noqa: E402
+from tests.helpers.shared_dirs import built_once  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+  return built_once(tmp_path_factory, "corpus", runs.prepare_corpus) / "byte"
+
+
+@pytest.fixture(scope="module")
+def reference(corpus, tmp_path_factory) -> Path:
+  """An uninterrupted run: the losses every interrupted run must reproduce bit for bit (built
+  once per session: several modules start from it)."""
+  def build(workdir: Path) -> None:
+    proc = runs.run(workdir, runs.tiny_flags(corpus))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(int(p.name) for p in (workdir / "checkpoints").iterdir()) == [6, 9, 10]
+    assert sorted(runs.losses(workdir)) == list(range(1, runs.STEPS + 1))
+  return built_once(tmp_path_factory, "reference", build)

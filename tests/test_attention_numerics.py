@@ -1,4 +1,4 @@
-"""Every variant and kernel against the independent float64 reference (tests/np_reference.py)."""
+"""Every variant and kernel against the independent float64 reference (tests/helpers/np_reference.py)."""
 import functools
 import zlib
 
@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 from flax import nnx
 
-import np_reference as ref
+from tests.helpers import np_reference as ref
 from diff_transformer import kernels
 from diff_transformer.kernels import cudnn, reference
 from diff_transformer.model.attention import variant_class
 from diff_transformer.model.spec import ModelSpec
-from variant_table import VARIANTS, entry
+from tests.helpers.variant_table import VARIANTS, entry
 
 D, T, B, LAYER = 64, 12, 2, 3
 SEG = np.array([[1] * 5 + [2] * 7, [1] * 12])
@@ -89,13 +89,21 @@ def test_ablations_match_float64(variant, overrides):
   assert rel_err(got, want) < entry(variant).tolerance
 
 
-@pytest.mark.parametrize("variant", ["diff", "shared_diff", "diff_v2"])
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_reference_maps_match_float64(variant):
   spec, attn = make(variant, 2, seed=3)
   x = jnp.asarray(np.random.default_rng(4).normal(size=(B, T, D)), jnp.float32)
   p = attn.project(x, jnp.broadcast_to(jnp.arange(T), (B, T)))
   _, maps = reference.attention_maps(p.q1, p.k1, p.v, p.q2, p.k2, p.lam, segment_ids=jnp.asarray(SEG))
   q1, k1 = np.asarray(p.q1, np.float64), np.asarray(p.k1, np.float64)
+  if p.q2 is None:  # a single map: A1 only
+    for b in range(B):
+      ok = ref.allowed(SEG[b], T)
+      for n in range(q1.shape[2]):
+        g = n // (q1.shape[2] // k1.shape[2])
+        np.testing.assert_allclose(maps["A1"][b, n], ref.softmax_map(
+            q1[b, :, n], k1[b, :, g], ok, q1.shape[3] ** -0.5), atol=1e-6)
+    return
   q2 = np.asarray(p.q2, np.float64)
   k2 = k1 if p.k2 is None else np.asarray(p.k2, np.float64)
   H, K, dk = q1.shape[2], k1.shape[2], q1.shape[3]
@@ -147,7 +155,7 @@ def test_kernels_match_float64_on_fresh_inputs(kernel, case):
 @pytest.mark.parametrize("case", ["v1", "v1_mha", "v2", "v2_mqa", "base"])
 def test_kernel_gradients_match_float64(path, case):
   """Forward and every input's gradient against the float64 softmax-Jacobian reference."""
-  from test_pallas_kernel import ARG_NAMES, make_inputs, np_attention
+  from tests.helpers.kernels import ARG_NAMES, make_inputs, np_attention  # only this test
   variant, kv = {"v1": ("v1", 2), "v1_mha": ("v1", 4), "v2": ("v2", 2), "v2_mqa": ("v2", 1),
                  "base": ("base", 2)}[case]
   args, seg_ids, do = make_inputs(variant, B=2, T=23, N=4, K=kv, d=8, seed=seed_of(path, case),

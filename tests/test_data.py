@@ -20,20 +20,7 @@ from diff_transformer.data import (BPETokenizer, ByteTokenizer, DataError, asser
                                    load_dataset, prepare_files, strip_gutenberg, train_iterator,
                                    unigram_entropy, validation_batches)
 from diff_transformer.data.pipeline import ChunkSource
-
-SEQ = 32
-WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi "
-         "rho sigma tau upsilon phi chi psi omega").split()
-
-
-def _text(rng: random.Random, n_words: int) -> str:
-  return " ".join(rng.choice(WORDS) for _ in range(n_words)) + f" #{rng.random():.12f}\n"
-
-
-def _data_config(path: Path, **kw):
-  c = base_config().data
-  c.update(dict(name="prepared", path=str(path), tokenizer="byte", seq_len=SEQ), **kw)
-  return c
+from tests.helpers.data import SEQ, data_config, text as make_text
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +28,7 @@ def corpus_dir(tmp_path_factory) -> tuple[Path, list[str]]:
   """Docs from 3 to ~200 bytes beyond several seq_lens, as .txt files and one .jsonl."""
   rng = random.Random(0)
   raw = tmp_path_factory.mktemp("raw")
-  docs = [_text(rng, n) for n in (1, 2, 5, 9, 14, 30, 3, 7, 22, 4, 11, 6, 2, 17)]
+  docs = [make_text(rng, n) for n in (1, 2, 5, 9, 14, 30, 3, 7, 22, 4, 11, 6, 2, 17)]
   for i, d in enumerate(docs[:8]):
     (raw / f"doc{i:02d}.txt").write_text(d)
   with open(raw / "rest.jsonl", "w") as f:
@@ -55,7 +42,7 @@ def corpus_dir(tmp_path_factory) -> tuple[Path, list[str]]:
 
 @pytest.fixture(scope="module")
 def dataset(corpus_dir):
-  return load_dataset(_data_config(corpus_dir[0]))
+  return load_dataset(data_config(corpus_dir[0]))
 
 
 def _frame(tokens) -> bytes:
@@ -89,7 +76,7 @@ def test_byte_tokenizer_roundtrip():
 
 def test_bpe_roundtrip_and_determinism(tmp_path):
   rng = random.Random(1)
-  texts = [_text(rng, 300) for _ in range(20)]
+  texts = [make_text(rng, 300) for _ in range(20)]
   a = BPETokenizer.train(texts, 400)
   b = BPETokenizer.train(texts, 400)
   assert a.checksum == b.checksum and 300 < a.vocab_size <= 400 and a.eot_id == 0
@@ -107,14 +94,14 @@ def test_build_tokenizer_and_compatibility(tmp_path):
   cfg = base_config().data
   cfg.tokenizer, cfg.bpe_vocab_size = "bpe", 300
   rng = random.Random(2)
-  bpe = build_tokenizer(cfg, tmp_path, [_text(rng, 200) for _ in range(10)])
+  bpe = build_tokenizer(cfg, tmp_path, [make_text(rng, 200) for _ in range(10)])
   assert (tmp_path / "tokenizer.json").is_file()
   assert build_tokenizer(cfg, tmp_path).checksum == bpe.checksum  # loaded, not retrained
   assert_compatible(describe(bpe), BPETokenizer.from_file(tmp_path / "tokenizer.json"))
   with pytest.raises(DataError, match="tokenizer mismatch on name") as e:
     assert_compatible(describe(bpe), ByteTokenizer())
   assert "\n" not in str(e.value)
-  retrained = BPETokenizer.train([_text(rng, 200) for _ in range(10)], 300)
+  retrained = BPETokenizer.train([make_text(rng, 200) for _ in range(10)], 300)
   with pytest.raises(DataError, match="tokenizer mismatch on checksum"):
     assert_compatible(describe(bpe), retrained)
   with pytest.raises(DataError, match="tokenizer mismatch on name"):
@@ -145,17 +132,17 @@ def test_prepare_txt_and_jsonl(corpus_dir, dataset):
 
 def test_prepare_bpe_single_document_holds_out_its_tail(tmp_path):
   rng = random.Random(3)
-  text = "".join(_text(rng, 12) for _ in range(100))
+  text = "".join(make_text(rng, 12) for _ in range(100))
   (tmp_path / "one.txt").write_text(text)
   meta = prepare_files([tmp_path / "one.txt"], tmp_path / "out", tokenizer="bpe",
                        bpe_vocab_size=300, val_fraction=0.1, progress=False)
   assert meta["split_mode"] == "by_fraction" and (tmp_path / "out" / "tokenizer.json").is_file()
-  ds = load_dataset(_data_config(tmp_path / "out", tokenizer="bpe", bpe_vocab_size=300))
+  ds = load_dataset(data_config(tmp_path / "out", tokenizer="bpe", bpe_vocab_size=300))
   [held] = heldout_documents(ds)
   train = ds.tokenizer.decode(ds.document_tokens("train")[0].tolist())
   assert train + held == text and 0.05 < len(held) / len(text) < 0.15
   with pytest.raises(DataError, match="data.tokenizer: config asks for byte"):
-    load_dataset(_data_config(tmp_path / "out", tokenizer="byte"))
+    load_dataset(data_config(tmp_path / "out", tokenizer="byte"))
 
 
 @pytest.mark.parametrize("case,match", [
@@ -228,7 +215,7 @@ def _framed(dataset, split="train") -> list[bytes]:
 
 @pytest.mark.parametrize("packing", ["concat", "first_fit"])
 def test_packing_masks_documents_and_keeps_every_target(dataset, packing):
-  cfg = _data_config(dataset.path, packing=packing)
+  cfg = data_config(dataset.path, packing=packing)
   framed = _framed(dataset)
   batches = _all_batches(train_iterator(dataset, cfg, 4, seed=0, num_epochs=1))
   weighted = sum(_check_rows(b, framed) for b in batches)
@@ -249,7 +236,7 @@ def test_packing_masks_documents_and_keeps_every_target(dataset, packing):
 
 
 def test_host_slices_are_disjoint_and_cover_the_data(dataset):
-  cfg = _data_config(dataset.path, packing="first_fit")  # chunks stay whole: easy to compare
+  cfg = data_config(dataset.path, packing="first_fit")  # chunks stay whole: easy to compare
   source = ChunkSource(dataset, "train")
   everything = sorted(_frame(np.concatenate([c["inputs"][:1], c["targets"]])) for c in source)
   assert len(set(everything)) == len(everything)  # the synthetic chunks are unique
@@ -267,7 +254,7 @@ def test_host_slices_are_disjoint_and_cover_the_data(dataset):
 
 
 def test_shuffle_depends_on_seed(dataset):
-  cfg = _data_config(dataset.path)
+  cfg = data_config(dataset.path)
 
   def first(seed):
     it = train_iterator(dataset, cfg, 4, seed=seed)
@@ -285,7 +272,7 @@ def test_shuffle_depends_on_seed(dataset):
 @pytest.mark.parametrize("packing", ["concat", "first_fit"])
 @pytest.mark.parametrize("consumed", [0, 7, 21])  # concat has no remainder at 0 and 21
 def test_iterator_state_resumes_at_next_batch(dataset, packing, consumed):
-  cfg = _data_config(dataset.path, packing=packing)
+  cfg = data_config(dataset.path, packing=packing)
   it = train_iterator(dataset, cfg, 4, seed=5)
   for _ in range(consumed):
     next(it)
@@ -301,7 +288,7 @@ def test_iterator_state_resumes_at_next_batch(dataset, packing, consumed):
 
 def test_iterator_resumes_through_orbax_checkpoint(dataset, tmp_path):
   import orbax.checkpoint as ocp
-  cfg = _data_config(dataset.path)
+  cfg = data_config(dataset.path)
   it = train_iterator(dataset, cfg, 2, seed=3)
   for _ in range(5):
     next(it)
@@ -317,7 +304,7 @@ def test_iterator_resumes_through_orbax_checkpoint(dataset, tmp_path):
 
 
 def test_validation_batches_are_fixed_and_held_out(dataset):
-  cfg = _data_config(dataset.path)
+  cfg = data_config(dataset.path)
   a, b = list(validation_batches(dataset, cfg, 4)), list(validation_batches(dataset, cfg, 4))
   assert len(a) >= 2 and len(a) == len(b)
   for x, y in zip(a, b):
@@ -337,14 +324,14 @@ def test_validation_batches_are_fixed_and_held_out(dataset):
 
 def test_dataset_config_errors(corpus_dir, tmp_path):
   with pytest.raises(DataError, match="data.name: unknown dataset 'wiki'"):
-    load_dataset(_data_config(corpus_dir[0], name="wiki"))
+    load_dataset(data_config(corpus_dir[0], name="wiki"))
   with pytest.raises(DataError, match="data.path: required"):
-    load_dataset(_data_config(""))
+    load_dataset(data_config(""))
   with pytest.raises(DataError, match=r"metadata.json: not found; write it with"):
-    load_dataset(_data_config(tmp_path))
-  ds = load_dataset(_data_config(corpus_dir[0]))
+    load_dataset(data_config(tmp_path))
+  ds = load_dataset(data_config(corpus_dir[0]))
   with pytest.raises(DataError, match="data.packing: unknown packing 'best'"):
-    train_iterator(ds, _data_config(corpus_dir[0], packing="best"), 2)
+    train_iterator(ds, data_config(corpus_dir[0], packing="best"), 2)
 
 
 # ----------------------------------------------------------------------------- the corpus

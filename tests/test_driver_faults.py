@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from test_study import TINY_STUDY
+from tests.helpers.studies import TINY_STUDY
 
 ROOT = Path(__file__).resolve().parents[1]
 DEADLINE_S = 240
@@ -19,6 +19,7 @@ DEADLINE_S = 240
 SWEEP_FILE = """
 from configs import synthetic
 from diff_transformer.sweeps.definition import Sweep
+from tests.helpers.studies import TINY_STUDY
 
 def make(variant):
   c = synthetic.get_config(f"{variant}-mqar_plain")

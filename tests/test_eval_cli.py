@@ -2,7 +2,6 @@
 training mesh and on other meshes, every suite in --quick mode, --compare, and bad inputs (one
 real eval.py error line; the other refusals through `evaluate`, the function eval.py calls)."""
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -10,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from child_env import fake_devices_env
+from tests.helpers.child_env import fake_devices_env
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = dict(fake_devices_env(8), JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))

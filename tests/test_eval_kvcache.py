@@ -9,7 +9,7 @@ from diff_transformer.model import build_model
 from diff_transformer.model import cache as kv_cache
 from diff_transformer.model.attention import variant_class
 from diff_transformer.model.spec import ModelSpec
-from variant_table import VARIANTS, entry
+from tests.helpers.variant_table import VARIANTS, entry
 
 VOCAB = 61
 # Every variant with grouped-query attention (h_kv < heads), plus plain MHA for the baseline.

@@ -14,7 +14,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
-from tests import hf_runs  # noqa: E402
+from tests.helpers import hf_runs  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = [  # (variant, gqa, tie, extra model fields)
@@ -176,9 +176,9 @@ def test_users_tokenizer_file_is_exported(tmp_path):
   from diff_transformer.data.tokenizer import FileTokenizer
   from diff_transformer.interop import InteropError
   from diff_transformer.training import export_run
-  from tests.test_tokenizer_file import _user_tokenizer
+  from tests.helpers.tokenizers import user_tokenizer  # needs `tokenizers` (the hf extra)
   workdir = hf_runs.make_run(tmp_path / "run", hf_runs.run_config("diff", vocab_size=384))
-  user = _user_tokenizer(workdir / "tokenizer.json", ["the king and the sea, a letter"] * 20)
+  user = user_tokenizer(workdir / "tokenizer.json", ["the king and the sea, a letter"] * 20)
   tok = FileTokenizer.from_file(user)
   (workdir / "tokenizer_record.json").write_text(json.dumps(describe(tok)))
   export_run(workdir, tmp_path / "hf")

@@ -17,7 +17,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
 from diff_transformer import tree  # noqa: E402
-from tests import hf_runs  # noqa: E402
+from tests.helpers import hf_runs  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -116,7 +116,7 @@ def test_bad_folders_and_shapes_are_one_line(tmp_path):
 def test_train_starts_from_hf_folder(tmp_path):
   """train.py --config.init_from_hf=DIR --config.train.steps=0 writes the imported weights as
   checkpoint step 0 (what eval.py then reads); a wrong folder is one line."""
-  from tests.test_training_runs import tiny_flags, write_corpus
+  from tests.helpers.runs import tiny_flags, write_corpus  # noqa: only this test
   from diff_transformer.training import export_run
   write_corpus(tmp_path / "corpus", docs=6)
   env = dict(os.environ, JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))

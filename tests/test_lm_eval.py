@@ -16,8 +16,8 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("lm_eval")
 
-from child_env import fake_devices_env  # noqa: E402
-from tests import hf_runs  # noqa: E402
+from tests.helpers.child_env import fake_devices_env  # noqa: E402
+from tests.helpers import hf_runs  # noqa: E402
 
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,7 +9,7 @@ from flax import nnx
 
 from diff_transformer.model import build_model
 from diff_transformer.model.attention import LayerConstant
-from variant_table import VARIANTS, tiny
+from tests.helpers.variant_table import VARIANTS, tiny
 
 T = 16
 

@@ -60,7 +60,7 @@ def test_the_wheel_installs_every_package_and_the_programs_import_from_it(tmp_pa
     shutil.copy(ROOT / program, work / program)
   env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
   probe = ("import diff_transformer, configs.studies.retrieval, configs.sweeps.cpu; "
-           "import diff_transformer.sweeps.runner, diff_transformer.study.markdown; "
+           "import diff_transformer.launch, diff_transformer.study.markdown; "
            "print(diff_transformer.__file__)")
   got = subprocess.run([str(python), "-c", probe], cwd=work, capture_output=True, text=True,
                        env=env, timeout=300)

@@ -6,7 +6,7 @@ import pytest
 from configs import scaling
 from diff_transformer import params
 from diff_transformer.model.spec import ModelSpec
-from variant_table import VARIANTS, entry
+from tests.helpers.variant_table import VARIANTS, entry
 
 
 def closed_form(s: ModelSpec) -> int:

@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from test_training_runs import (ROOT, assert_one_clear_line, corpus, env, logged_step,  # noqa: F401
-                                losses, reference, refused_here, train_here, tree_digest)
+from tests.helpers.runs import (ROOT, assert_one_clear_line, env, logged_step, losses,
+                                refused_here, train_here, tree_digest)
 
 
 def run_program(script: str, *args: str, cwd: Path = ROOT, timeout: float = 300
@@ -314,7 +314,7 @@ def test_every_program_ends_bad_input_in_one_line(tmp_path, program, args, messa
 
 
 OUTPUT_FAULTS = [  # every program's output path under a regular file: one line, exit 2
-    ("train.py", ["--workdir={bad}/w"], "--workdir {bad}/w: cannot create it"),
+    ("train.py", ["--workdir={bad}/w"], "--workdir {bad}/w: cannot write there"),
     ("eval.py", ["--compare", "--compare_dir={bad}/c", "{tmp}/a", "{tmp}/b"],
      "--compare_dir {bad}/c: cannot write there"),
     ("study.py", ["--quick", "--root={bad}/r"], "--root {bad}/r: cannot write there"),

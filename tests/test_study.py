@@ -19,24 +19,9 @@ from diff_transformer.params import heads_for
 from diff_transformer.study import markdown, paired, report, run_metrics, runner, summarize
 from diff_transformer.study.definition import Study
 from diff_transformer.study.stats import censored_median, holm, min_p, sign_flip_p
+from tests.helpers.studies import TINY_STUDY
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY_STUDY = """
-from configs import synthetic
-from diff_transformer.study import Study
-
-def make(variant):
-  c = synthetic.get_config(f"{variant}-mqar_plain")
-  c.train.steps = c.train.checkpoint_every = 6
-  c.train.eval_every, c.train.eval_batches, c.train.global_batch_size = 3, 1, 8
-  return c
-
-STUDY = Study(name="tiny", make=make, seeds=(0, 1, 2), variants=("transformer", "diff_v2"),
-              exploratory=True, eval_rows=16, attention_rows=2, quick_seeds=(0, 1),
-              quick_lr_grid=(1e-3, 3e-3),
-              quick_overrides=(("train.steps", 4), ("train.checkpoint_every", 4)))
-get_config = STUDY.get_config
-"""
 
 
 def test_paired_interval_and_exact_p_match_a_hand_computation():

@@ -5,7 +5,7 @@ import json
 import os
 import shutil
 
-from test_training_runs import ROOT, tiny_flags, write_corpus
+from tests.helpers.runs import ROOT, tiny_flags, write_corpus
 
 from diff_transformer import launch
 from diff_transformer.run_folder import RunFolder

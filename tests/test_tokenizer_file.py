@@ -11,29 +11,16 @@ import pytest
 
 from diff_transformer.data import DataError, prepare_files, read_metadata
 from diff_transformer.data.tokenizer import FileTokenizer
-
-
-def _user_tokenizer(path: Path, texts: list[str]) -> Path:
-  """A byte-level BPE made with `tokenizers` as a user would, with </s> as its end-of-text."""
-  from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-  tok = Tokenizer(models.BPE())
-  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-  tok.decoder = decoders.ByteLevel()
-  tok.train_from_iterator(texts, trainers.BpeTrainer(
-      vocab_size=300, special_tokens=["<s>", "</s>"], show_progress=False,
-      initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-  path.parent.mkdir(parents=True, exist_ok=True)
-  tok.save(str(path))
-  return path
+from tests.helpers.runs import refused_here, train_here, write_corpus
+from tests.helpers.tokenizers import user_tokenizer
 
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
-  from tests.test_training_runs import write_corpus
   tmp = tmp_path_factory.mktemp("tokfile")
   write_corpus(tmp / "corpus", docs=8)
   texts = [p.read_text() for p in sorted((tmp / "corpus").iterdir())]
-  user = _user_tokenizer(tmp / "user" / "tokenizer.json", texts)
+  user = user_tokenizer(tmp / "user" / "tokenizer.json", texts)
   meta = prepare_files([tmp / "corpus"], tmp / "data", tokenizer="file", tokenizer_file=user,
                        progress=False)
   return tmp, user, meta
@@ -63,7 +50,6 @@ def test_bad_tokenizer_file_is_one_line(tmp_path, prepared):
 def test_changed_tokenizer_file_is_refused_on_resume(prepared, tmp_path):
   """In-process (what train.py runs; its one `error:` line is checked in test_reliability)."""
   from tokenizers import Tokenizer
-  from test_training_runs import refused_here, train_here
   tmp, _, _ = prepared
   data = tmp_path / "data"
   import shutil
@@ -150,7 +136,7 @@ def test_tiktoken_run_exports_tokenizer_files_that_encode_alike(prepared, tmp_pa
   from diff_transformer.interop import InteropError
   from diff_transformer.training import export_run
   from diff_transformer.interop.hf_tokenizer import _onig_pattern, hf_tokenizer
-  from tests import hf_runs
+  from tests.helpers import hf_runs
   tmp, _, _ = prepared
   text = "".join(p.read_text() for p in sorted((tmp / "corpus").iterdir())[:2])
   ranks = _tiktoken_file(tmp_path / "r50k_base.tiktoken", text + ",12345678" * 300)

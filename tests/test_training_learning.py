@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from variant_table import VARIANTS, entry
+from tests.helpers.variant_table import VARIANTS, entry
 
 STEPS = 25
 

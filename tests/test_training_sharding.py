@@ -14,9 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from variant_table import VARIANTS, entry
+from tests.helpers.variant_table import VARIANTS, entry
 
 ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers.models import sharding_config
 MESHES = ((8, 1, 1), (2, 2, 2), (1, 4, 2))
 # Micro-batches per mesh: (2, 2, 2) also checks that accumulation equals the whole batch.
 MICRO = {(8, 1, 1): 1, (2, 2, 2): 2, (1, 4, 2): 1}
@@ -24,23 +25,6 @@ MICRO = {(8, 1, 1): 1, (2, 2, 2): 2, (1, 4, 2): 1}
 # once), and each other mesh for two variants (fsdp 4 for those with a rank or 4 query heads).
 # Every (variant, mesh) pair still gets its placement checked (no compile).
 TOL = 1e-5
-
-
-def tiny_config(variant: str, mesh=(1, 1, 1), micro: int = 1):
-  from diff_transformer.config import base_config
-  c = base_config()
-  m = c.model
-  m.variant, m.vocab_size, m.d_model, m.num_layers, m.ffn_dim, m.max_seq_len = (
-      variant, 96, 32, 2, 64, 16)
-  spec = entry(variant).tiny
-  m.num_heads, m.num_kv_heads = spec.num_heads, max(2, spec.kv_heads)  # kv heads split by tensor=2
-  m.head_dim, m.rank = 8, spec.rank
-  c.data.seq_len = 16
-  c.train.global_batch_size = 16
-  c.train.micro_batches = micro
-  c.train.z_loss = 1e-4  # exercised everywhere
-  c.mesh.data, c.mesh.fsdp, c.mesh.tensor = mesh
-  return c
 
 
 def synthetic_batch(seed: int, batch: int = 16, seq: int = 16, vocab: int = 96):
@@ -114,13 +98,13 @@ def child(out_path: str) -> None:
   one = jax.devices()[:1]
   ref_states = {}
   for variant in VARIANTS:
-    ref = Trainer(tiny_config(variant), make_mesh(tiny_config(variant).mesh, devices=one))
+    ref = Trainer(sharding_config(variant), make_mesh(sharding_config(variant).mesh, devices=one))
     ref_state = ref_states[variant] = ref.init()
     ref_grads, ref_loss = ref.grads(ref_state, global_batch(ref.mesh, batch_np))
     ref_grads, ref_loss = jax.device_get(ref_grads), float(ref_loss)
     host_state = jax.device_get(ref_state)
     for shape in MESHES:
-      config = tiny_config(variant, shape, MICRO[shape])
+      config = sharding_config(variant, shape, MICRO[shape])
       trainer = Trainer(config, make_mesh(config.mesh))
       key = f"{variant}/{shape}"
       if shape == entry(variant).init_mesh:
@@ -137,7 +121,7 @@ def child(out_path: str) -> None:
                                      loss=abs(float(loss) - ref_loss))
   # A full train step keeps every array on its sharding (out_shardings), here with 2
   # micro-batches; then cross-mesh restore: save on (4, 2, 1), restore on (2, 2, 2) and 1 device.
-  config = tiny_config("diff", (4, 2, 1), micro=2)
+  config = sharding_config("diff", (4, 2, 1), micro=2)
   src = Trainer(config, make_mesh(config.mesh))
   state = jax.device_put(jax.device_get(ref_states["diff"]), src.state_shardings)
   state, metrics = src.train_step(state, global_batch(src.mesh, batch_np))
@@ -151,7 +135,7 @@ def child(out_path: str) -> None:
   from diff_transformer.data import ByteTokenizer, describe
   (workdir / "tokenizer_record.json").write_text(json.dumps(describe(ByteTokenizer())))
   for shape, devices in (((2, 2, 2), None), ((1, 1, 1), one)):
-    target_config = tiny_config("diff", shape)
+    target_config = sharding_config("diff", shape)
     target = Trainer(target_config, make_mesh(target_config.mesh, devices=devices))
     restored, step = Checkpointer(workdir, read_only=True).restore(target.abstract_state)
     up = restored["params"]["blocks"]["mlp"]["up"]["kernel"]
@@ -162,7 +146,7 @@ def child(out_path: str) -> None:
         up_spec=tuple(up.sharding.spec), devices=len(up.sharding.device_set))
   from diff_transformer.training import restore_model
   from flax import nnx
-  model, _, step = restore_model(workdir, mesh=make_mesh(tiny_config("diff").mesh, devices=one))
+  model, _, step = restore_model(workdir, mesh=make_mesh(sharding_config("diff").mesh, devices=one))
   params = jax.device_get(nnx.to_pure_dict(nnx.state(model, nnx.Param)))
   report["restore"]["restore_model"] = dict(step=step, equal=_max_diff(params, saved["params"]))
   Path(out_path).write_text(json.dumps(report))

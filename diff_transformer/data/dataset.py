@@ -85,8 +85,7 @@ def _memmap(path: Path, dtype: str) -> np.ndarray:
   return np.memmap(path, dtype=np.dtype(dtype).newbyteorder("<"), mode="r")
 
 
-def _prepared_dir(data_config: ml_collections.ConfigDict) -> Path:
-  """The directory config.data names; the built-in corpus is fetched and prepared on first use."""
+def _named_dir(data_config: ml_collections.ConfigDict) -> Path:
   check_name(data_config.tokenizer)
   if data_config.name == "prepared":
     if not data_config.path:
@@ -113,17 +112,11 @@ def _prepared_dir(data_config: ml_collections.ConfigDict) -> Path:
   return out
 
 
-def load_dataset(data_config: ml_collections.ConfigDict, *, seq_len: int | None = None
-                 ) -> Dataset:
-  """Opens (fetching/preparing the built-in corpus if needed) the data config.data describes.
-
-  seq_len defaults to config.data.seq_len; the iterators use the dataset's seq_len.
-  Synthetic tasks (data.name = mqar | needle) give a TaskDataset.
-  """
-  if data_config.name in synthetic.TASKS:
-    spec = synthetic.task_spec(data_config, seq_len)
-    return TaskDataset(spec=spec, tokenizer=TaskTokenizer(spec), seq_len=spec.seq_len)
-  path = _prepared_dir(data_config)
+def ensure_prepared(data_config: ml_collections.ConfigDict) -> Path:
+  """The prepared directory config.data names, its tokenizer checked against the config; the
+  built-in corpus is fetched and prepared into the cache on first use. Step one of two: then
+  `open_prepared`."""
+  path = _named_dir(data_config)
   meta = read_metadata(path)
   recorded = meta["tokenizer"]
   if recorded["name"] != data_config.tokenizer or (
@@ -136,8 +129,15 @@ def load_dataset(data_config: ml_collections.ConfigDict, *, seq_len: int | None 
     raise DataError(f"data.tokenizer: config asks for {want} but {path} was prepared with "
                     f"{have}; set --config.data.tokenizer/bpe_vocab_size to match or prepare "
                     "again")
-  tok = load_tokenizer(recorded, path)
-  seq_len = int(data_config.seq_len if seq_len is None else seq_len)
+  return path
+
+
+def open_prepared(path: str | Path, seq_len: int) -> Dataset:
+  """The dataset of a prepared directory (its tokenizer, metadata and shards checked) for rows
+  of `seq_len` tokens. Step two of two, after `ensure_prepared`."""
+  path = Path(path)
+  meta = read_metadata(path)
+  tok = load_tokenizer(meta["tokenizer"], path)
   if seq_len <= 0:
     raise DataError(f"data.seq_len: must be positive, got {seq_len}")
   unchecked = 0
@@ -150,6 +150,18 @@ def load_dataset(data_config: ml_collections.ConfigDict, *, seq_len: int | None 
     print(f"note: {path} records no id range or checksum for {unchecked} shard(s); "
           f"`python prepare_data.py --verify {path}` scans them", file=sys.stderr)
   return Dataset(path=path, tokenizer=tok, metadata=meta, seq_len=seq_len)
+
+
+def load_dataset(data_config: ml_collections.ConfigDict, *, seq_len: int | None = None
+                 ) -> Dataset | TaskDataset:
+  """The data config.data describes: `ensure_prepared` then `open_prepared` (seq_len defaults to
+  config.data.seq_len; the iterators use the dataset's). Synthetic tasks (data.name = mqar |
+  needle) are generated, not prepared: a TaskDataset."""
+  if data_config.name in synthetic.TASKS:
+    spec = synthetic.task_spec(data_config, seq_len)
+    return TaskDataset(spec=spec, tokenizer=TaskTokenizer(spec), seq_len=spec.seq_len)
+  return open_prepared(ensure_prepared(data_config),
+                       int(data_config.seq_len if seq_len is None else seq_len))
 
 
 def _sized_shards(path: Path, meta: dict):

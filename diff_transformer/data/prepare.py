@@ -37,6 +37,7 @@ from diff_transformer.data.common import DataError, atomic_dir
 from diff_transformer.data.documents import (Documents, list_input_files, plan_split,
                                               read_documents, split_documents)
 from diff_transformer.data.shards import SHARD_TOKENS, ShardWriter
+from diff_transformer.data.tiktoken_file import TIKTOKEN_FILE, TiktokenTokenizer  # tiktoken: lazily
 from diff_transformer.data.tokenizer import (TOKENIZER_FILE, FileTokenizer, Tokenizer,
                                              build_tokenizer, check_name, describe)
 from diff_transformer.errors import read_json
@@ -87,8 +88,6 @@ def prepare_documents(documents: Documents, output: str | Path, *, tokenizer: st
   if tokenizer == "file":
     FileTokenizer.from_file(tokenizer_file)  # a bad file is one line before any slow work
   if tokenizer == "tiktoken":
-    # tiktoken (an optional dependency) loads only for this tokenizer
-    from diff_transformer.data.tiktoken_file import TiktokenTokenizer
     tiktoken_encoding = tiktoken_encoding or Path(tokenizer_file).stem
     TiktokenTokenizer(tokenizer_file, tiktoken_encoding)
   output = Path(output).expanduser().resolve()
@@ -115,8 +114,6 @@ def prepare_documents(documents: Documents, output: str | Path, *, tokenizer: st
     if tokenizer == "file":
       shutil.copyfile(tokenizer_file, tmp / TOKENIZER_FILE)
     if tokenizer == "tiktoken":
-      # tiktoken (an optional dependency) loads only for this tokenizer
-      from diff_transformer.data.tiktoken_file import TIKTOKEN_FILE
       shutil.copyfile(tokenizer_file, tmp / TIKTOKEN_FILE)
       (tmp / "tiktoken.json").write_text(json.dumps(dict(encoding=tiktoken_encoding)) + "\n")
     tok = build_tokenizer(ml_collections.ConfigDict(

@@ -17,6 +17,7 @@ from typing import Protocol
 import ml_collections
 
 from diff_transformer.data.common import DataError
+from diff_transformer.data.tiktoken_file import TIKTOKEN_FILE, TiktokenTokenizer  # tiktoken: lazily
 
 EOT_TOKEN = "<|endoftext|>"
 TOKENIZERS = ("byte", "bpe", "file", "tiktoken")
@@ -161,8 +162,6 @@ def build_tokenizer(data_config: ml_collections.ConfigDict, directory: str | Pat
     return ByteTokenizer()
   path = Path(directory) / TOKENIZER_FILE if directory is not None else None
   if data_config.tokenizer == "tiktoken":
-    # tiktoken (an optional dependency) loads only for this tokenizer
-    from diff_transformer.data.tiktoken_file import TIKTOKEN_FILE, TiktokenTokenizer
     record = Path(directory) / "tiktoken.json" if directory is not None else None
     if record is None or not record.is_file():
       raise DataError(f"data.tokenizer: 'tiktoken' needs {record} (prepare_data.py "
@@ -190,8 +189,6 @@ def load_tokenizer(recorded: dict, directory: str | Path) -> Tokenizer:
   name = recorded.get("name")
   check_name(name)
   if name == "tiktoken":
-    # tiktoken (an optional dependency) loads only for this tokenizer
-    from diff_transformer.data.tiktoken_file import TIKTOKEN_FILE, TiktokenTokenizer
     tok = TiktokenTokenizer(Path(directory) / TIKTOKEN_FILE, str(recorded.get("encoding")))
     assert_compatible(recorded, tok)
     return tok

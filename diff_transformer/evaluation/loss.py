@@ -89,7 +89,12 @@ def run(fns: common.Fns, batches, settings, out_dir, train_tokens: np.ndarray | 
   """The loss suite; with the training split's token stream, the n-gram baseline beside it."""
   del out_dir
   c = settings.ar_hit_context
-  ngram = NGram(train_tokens, vocab, c) if train_tokens is not None else None
+  if c < 1:
+    raise common.EvalError(f"--ar_hit_context: must be >= 1 (tokens before a target), got {c}")
+  try:
+    ngram = NGram(train_tokens, vocab, c) if train_tokens is not None else None
+  except ValueError as e:
+    raise common.EvalError(f"--ar_hit_context: {e}") from None
   result = evaluate(fns, batches, progress=True, context=c, ngram=ngram)
   return dict(loss=result["all"]["loss"], perplexity=result["all"]["perplexity"],
               tokens=result["all"]["tokens"], ar_hit=result["ar_hit"], others=result["others"],
@@ -97,3 +102,15 @@ def run(fns: common.Fns, batches, settings, out_dir, train_tokens: np.ndarray | 
               definition=f"AR-hit: target completes a {c + 1}-gram seen earlier in its document "
                          f"segment; ngram_loss: a context-free {c + 1}-gram model (Witten-Bell) "
                          "fitted on the training split, on the same tokens")
+
+
+def summary(result: dict) -> dict:
+  """The loss suite's numbers, flat: the loss, its AR-hit / others split and their share, and
+  the n-gram baseline's losses on the same tokens (when it was fitted)."""
+  out = dict(loss=result["loss"], ar_hit_loss=result["ar_hit"]["loss"],
+             others_loss=result["others"]["loss"], ar_hit_fraction=result["ar_hit"]["fraction"],
+             ar_hit_context=result.get("ar_hit_context", 1))
+  if result["ar_hit"].get("ngram_loss") is not None:
+    out.update(ngram_loss=result["ngram_loss"], ngram_ar_hit_loss=result["ar_hit"]["ngram_loss"],
+               ngram_others_loss=result["others"]["ngram_loss"])
+  return out

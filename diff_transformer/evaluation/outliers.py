@@ -95,3 +95,8 @@ def initial_logit_rms(spec, vocab: int, seeds=(0, 1, 2), rows: int = 4, T: int =
     fns = common.Fns(build_model(spec, nnx.Rngs(seed)))
     out.append(analyse(fns, batch)["overall"]["attention_logits"]["rms"])
   return float(np.mean(out))
+
+
+def summary(result: dict) -> dict:
+  """The outlier suite's headline: the largest attention logit over its RMS (top-1 ratio)."""
+  return dict(logit_top1=result["overall"]["attention_logits"]["top1"])

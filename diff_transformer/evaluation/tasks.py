@@ -182,3 +182,25 @@ def plot(results: dict, path) -> str:
   ax.set_ylim(0, 1)
   ax.legend(fontsize=7)
   return common.save_figure(fig, path)
+
+
+def task_summary(result: dict) -> dict:
+  """The task suite's numbers a study records: accuracy and chance per slice, first-query
+  accuracy."""
+  return dict(accuracy={k: v["accuracy"] for k, v in result["slices"].items()},
+              chance={k: v["chance"] for k, v in result["slices"].items()},
+              first_query_accuracy=result["by_query"][0])
+
+
+def attention_summary(result: dict) -> dict:
+  """The attention suite's numbers a study records: signed and absolute attention shares on the
+  answer, the distractors and the noise; the negative mass (in all and per span); per layer."""
+  signed, absolute = result["averaged"], result["averaged_abs"]
+  return dict(
+      answer_share=signed["answer"], distractor_share=signed["distractors"],
+      noise_share=signed["noise"], abs_answer_share=absolute["answer"],
+      abs_distractor_share=absolute["distractors"], abs_noise_share=absolute["noise"],
+      negative_mass=sum(result["averaged_negative"].values()),
+      negative_by_span=result["averaged_negative"],
+      shares_by_layer=dict(signed=result["by_layer"], abs=result["by_layer_abs"],
+                           negative=result["by_layer_negative"]))

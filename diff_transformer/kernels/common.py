@@ -5,10 +5,11 @@ Kernel contract (every implementation in this package follows it):
     out[b, t, n] = softmax(scale * q1[b, t, n] . k1[b, :, g(n)] + mask) @ v[b, :, g(n)]
                  - lam[b, t, n] * softmax(scale * q2[b, t, n] . k2[b, :, g(n)] + mask) @ v[b, :, g(n)]
 
-with g(n) = n // (H // K) (contiguous GQA groups), softmax in float32, output in q1's dtype.
+with g(n) = n // (N // K) (contiguous GQA groups), softmax in float32, output in q1's dtype.
+Shapes: B batch, T query and S key positions, N query heads, K kv heads, H head width.
 - q2 None: single softmax map (the baseline Transformer; lam must be None).
 - k2 None: q2 attends to k1 (DIFF V2: each head pair shares its keys and values).
-- lam: a scalar (DIFF V1 / Shared DIFF) or [B, T, H] (DIFF V2, per token and head).
+- lam: a scalar (DIFF V1 / Shared DIFF) or [B, T, N] (DIFF V2, per token and head).
 - mask: causal (top-left aligned, T == S) and/or segment_ids [B, T] (packed documents attend only
   within their own segment); an explicit boolean `mask` [B, T, S] replaces both (KV-cache decode).
 """
@@ -43,7 +44,7 @@ def default_scale(q1: Array, scale: float | None) -> float:
 
 
 def lam_per_query(lam: Array, batch: int, seq: int, heads: int) -> Array:
-  """lam as float32 [B, T, H] whatever form it came in (scalar or per token and head)."""
+  """lam as float32 [B, T, N] whatever form it came in (scalar or per token and head)."""
   return jnp.broadcast_to(jnp.asarray(lam, jnp.float32), (batch, seq, heads))
 
 

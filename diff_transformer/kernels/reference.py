@@ -45,7 +45,7 @@ def _softmax_map(q_BTNH: Array, k_BSKH: Array, scale: float, mask_BTS: Array | N
 
 def attention_maps(q1, k1, v, q2=None, k2=None, lam=None, *, segment_ids=None, causal=True,
                    scale=None, mask=None, logit_bits=None) -> tuple[Array, dict[str, Array]]:
-  """Output plus {'A1', 'A2', 'lambda'}: A1/A2 float32 [B, H, T, S], lambda float32 [B, T, H]."""
+  """Output plus {'A1', 'A2', 'lambda'}: A1/A2 float32 [B, N, T, S], lambda float32 [B, T, N]."""
   common.check_shapes(q1, k1, v, q2, k2, lam)
   scale = common.default_scale(q1, scale)
   batch, q_len, heads, _ = q1.shape

@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 from diff_transformer import provenance
+from diff_transformer.evaluation import loss, outliers, tasks
 from diff_transformer.training.run_record import read_code_versions
 
 
@@ -57,36 +58,20 @@ def train_seconds(rows: list[dict]) -> float:
 
 
 def task_record(ev: dict, points: list[tuple[int, float]], level: float) -> dict:
-  signed, absolute = ev["attention"]["averaged"], ev["attention"]["averaged_abs"]
+  """A synthetic-task run's metrics from its task, attention and outlier results and its curve."""
   steps_to_90, reached = first_step(points, level)
-  return dict(
-      accuracy={k: v["accuracy"] for k, v in ev["task"]["slices"].items()},
-      chance={k: v["chance"] for k, v in ev["task"]["slices"].items()},
-      first_query_accuracy=ev["task"]["by_query"][0],
-      answer_share=signed["answer"], distractor_share=signed["distractors"],
-      noise_share=signed["noise"], abs_answer_share=absolute["answer"],
-      abs_distractor_share=absolute["distractors"], abs_noise_share=absolute["noise"],
-      negative_mass=sum(ev["attention"]["averaged_negative"].values()),
-      negative_by_span=ev["attention"]["averaged_negative"],
-      shares_by_layer=dict(signed=ev["attention"]["by_layer"],
-                           abs=ev["attention"]["by_layer_abs"],
-                           negative=ev["attention"]["by_layer_negative"]),
-      logit_top1=ev["outliers"]["overall"]["attention_logits"]["top1"],
-      steps_to_90=steps_to_90, reached_90=reached,
-      still_rising=still_rising(points, ceiling=1.0, level=level), curve=points)
+  return dict(**tasks.task_summary(ev["task"]), **tasks.attention_summary(ev["attention"]),
+              **outliers.summary(ev["outliers"]), steps_to_90=steps_to_90, reached_90=reached,
+              still_rising=still_rising(points, ceiling=1.0, level=level), curve=points)
 
 
 def text_record(ev: dict, rows: list[dict], tokens_per_step: int, unigram: float) -> dict:
-  loss, points = ev["loss"], curve(rows, "val_loss")
-  out = dict(loss=loss["loss"], ar_hit_loss=loss["ar_hit"]["loss"],
-             others_loss=loss["others"]["loss"], ar_hit_fraction=loss["ar_hit"]["fraction"],
-             ar_hit_context=loss.get("ar_hit_context", 1), unigram_entropy=unigram,
+  """A text run's metrics from its loss result and its validation-loss curve (in tokens)."""
+  points = curve(rows, "val_loss")
+  out = dict(loss.summary(ev["loss"]), unigram_entropy=unigram,
              still_rising=still_rising([(step, -v) for step, v in points]),  # loss still falling
              tail_fall=tail_fall(points, unigram),
              curve=[(step * tokens_per_step, v) for step, v in points])
-  if loss["ar_hit"].get("ngram_loss") is not None:
-    out.update(ngram_loss=loss["ngram_loss"], ngram_ar_hit_loss=loss["ar_hit"]["ngram_loss"],
-               ngram_others_loss=loss["others"]["ngram_loss"])
   for share in BUDGET_SHARES:  # the held-out loss (training-time eval rows) at part of the budget
     out[f"val_loss_at_{round(share * 100)}pct"] = at_share(points, share)
   return out

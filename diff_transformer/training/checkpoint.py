@@ -28,9 +28,12 @@ from diff_transformer.training.orbax_errors import (OrbaxErrorCatcher, one_line,
 from diff_transformer.training.step import State, fingerprint
 
 
-def _split_state(state: State) -> tuple[dict, dict]:
-  return (dict(params=state["params"], constants=state["constants"]),
-          dict(step=state["step"], opt_state=state["opt_state"]))
+def _split_state(state: State) -> tuple[dict, dict | None]:
+  """(the model half, the optimizer half or None for a model-only state)."""
+  model = dict(params=state["params"], constants=state["constants"])
+  if "opt_state" not in state:
+    return model, None
+  return model, dict(step=state["step"], opt_state=state["opt_state"])
 
 
 class Checkpointer:
@@ -157,6 +160,7 @@ class Checkpointer:
   def restore(self, abstract: State, iterator=None, *, step: int | None = None,
               model_only: bool = False) -> tuple[dict, int] | None:
     """(state, step) from `step` or the newest readable checkpoint; None if there is none.
+    `abstract` is a train state, or with model_only its model half {params, constants}.
 
     A damaged newest checkpoint is reported in one line and moved to corrupt_checkpoints/ once
     an older one restored (nothing is deleted); if none restores, TrainError refuses to go on.

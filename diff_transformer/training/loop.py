@@ -7,6 +7,7 @@ the workdir's lock (training/workdir.py) so no second run writes into it.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 from pathlib import Path
@@ -76,7 +77,10 @@ def _import_hf(trainer: Trainer, state, folder: str, checkpointer: Checkpointer,
 
 def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
   """Trains to config.train.steps (resuming if the workdir holds checkpoints); returns a summary
-  {step, loss, val_loss, unigram_entropy, tokens_per_s, mfu, stopped_by}."""
+  {step, loss, val_loss, unigram_entropy, tokens_per_s, mfu, stopped_by}. The caller's config is
+  never changed: what the run fills in (the recorded variant name, the vocabulary from the
+  tokenizer) goes into its own copy, which config.json records."""
+  config = copy.deepcopy(config)
   workdir = Path(workdir).expanduser().resolve()
   prepare_workdir(workdir)  # before any expensive work
   lock = WorkdirLock(workdir) if jax.process_index() == 0 else None  # process 0 speaks for all

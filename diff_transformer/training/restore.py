@@ -16,7 +16,7 @@ from diff_transformer.training.checkpoint import Checkpointer
 from diff_transformer.training.mesh import make_mesh
 from diff_transformer.training.run_record import (CONFIG_FILE, TOKENIZER_RECORD,
                                                   check_tokenizer_record, read_config)
-from diff_transformer.training.step import Trainer
+from diff_transformer.training.step import ModelLayout
 
 
 def restore_model(workdir: str | Path, step: int | None = None,
@@ -38,13 +38,13 @@ def restore_model(workdir: str | Path, step: int | None = None,
   if mesh is None:
     mesh = make_mesh(ml_collections.ConfigDict(dict(data=1, fsdp=1, tensor=1)),
                      devices=jax.devices()[:1])
-  trainer = Trainer(config, mesh)
-  found = Checkpointer(workdir, read_only=True).restore(trainer.abstract_state, step=step,
-                                                          model_only=True)
+  layout = ModelLayout(ModelSpec.from_config(config.model), mesh)  # no optimizer is built
+  checkpointer = Checkpointer(workdir, read_only=True)
+  found = checkpointer.restore(layout.abstract, step=step, model_only=True)
   if found is None:
-    raise TrainError(f"{workdir / 'checkpoints'}: no checkpoint to restore")
+    raise TrainError(f"{checkpointer.directory}: no checkpoint to restore")
   state, step = found
-  return trainer.model(state), config, step
+  return layout.model(state), config, step
 
 
 def export_run(workdir: str | Path, out: str | Path, step: int | None = None) -> dict:

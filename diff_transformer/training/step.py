@@ -46,6 +46,33 @@ def _dict_tail(path) -> tuple[str, ...]:
   return tuple(reversed(tail))
 
 
+class ModelLayout:
+  """A model's graph and abstract variables on a mesh, without any optimizer: what training
+  starts from and what restoring a model for evaluation needs."""
+
+  def __init__(self, spec: ModelSpec, mesh: jax.sharding.Mesh):
+    self.graphdef, self.param_variables, constants = nnx.split(abstract_model(spec), nnx.Param,
+                                                               ...)
+    # The logical names straight from each variable's metadata (nnx.get_partition_spec would
+    # already apply whatever rules context the caller is in).
+    logical = nnx.to_pure_dict(jax.tree.map(
+        lambda v: tuple(getattr(v, "out_sharding", None) or ()), self.param_variables,
+        is_leaf=lambda x: isinstance(x, nnx.Variable)))
+    self.param_shardings = jax.tree.map(
+        lambda names: NamedSharding(mesh, logical_to_spec(names)), logical,
+        is_leaf=lambda x: isinstance(x, tuple))
+    replicated = NamedSharding(mesh, P())
+    shaped = lambda x, sharding: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+    # {params, constants}: the model half of a train state, as a checkpoint restores it
+    self.abstract = dict(
+        params=jax.tree.map(shaped, nnx.to_pure_dict(self.param_variables), self.param_shardings),
+        constants=jax.tree.map(lambda x: shaped(x, replicated), nnx.to_pure_dict(constants)))
+
+  def model(self, state: dict) -> nnx.Module:
+    """An nnx model viewing a state's (or a restored model half's) parameters."""
+    return nnx.merge(self.graphdef, state["params"], state["constants"])
+
+
 class Trainer:
   """Builds the model's state, its shardings and the jitted steps for one config and mesh."""
 
@@ -56,17 +83,9 @@ class Trainer:
     self.schedule = learning_rate_schedule(config.train)
     self.micro_batches = int(config.train.micro_batches)
     self.z_loss = float(config.train.z_loss)
-    abstract = abstract_model(self.spec)
-    self.graphdef, abs_params, _ = nnx.split(abstract, nnx.Param, ...)
-    self.tx = make_optimizer(config.train, decay_mask(abs_params, config.train))
-    # The logical names straight from each variable's metadata (nnx.get_partition_spec would
-    # already apply whatever rules context the caller is in).
-    logical = nnx.to_pure_dict(jax.tree.map(
-        lambda v: tuple(getattr(v, "out_sharding", None) or ()), abs_params,
-        is_leaf=lambda x: isinstance(x, nnx.Variable)))
-    self.param_shardings = jax.tree.map(
-        lambda names: NamedSharding(mesh, logical_to_spec(names)), logical,
-        is_leaf=lambda x: isinstance(x, tuple))
+    layout = ModelLayout(self.spec, mesh)
+    self.graphdef, self.param_shardings = layout.graphdef, layout.param_shardings
+    self.tx = make_optimizer(config.train, decay_mask(layout.param_variables, config.train))
     self.replicated = NamedSharding(mesh, P())
     self.abstract_state = jax.eval_shape(functools.partial(self._init_fn, 0))
     self.state_shardings = self._shardings(self.abstract_state)

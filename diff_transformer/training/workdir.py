@@ -17,18 +17,14 @@ from pathlib import Path
 
 from diff_transformer import run_folder
 from diff_transformer.errors import TrainError
+from diff_transformer.paths import output_dir
 
 LOCK_FILE = run_folder.LOCK
 
 
 def prepare_workdir(workdir: Path) -> None:
-  """Creates the workdir; a path that is a file, or cannot be written, is one TrainError."""
-  if workdir.exists() and not workdir.is_dir():
-    raise TrainError(f"--workdir {workdir}: is a file, not a directory")
-  try:
-    workdir.mkdir(parents=True, exist_ok=True)
-  except OSError as e:
-    raise TrainError(f"--workdir {workdir}: cannot create it ({e.strerror})") from None
+  """Creates the workdir and probes that it takes files: an impossible one is one TrainError."""
+  output_dir(workdir, "--workdir", TrainError)
 
 
 def _owner(text: str) -> str:

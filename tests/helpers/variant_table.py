@@ -2,7 +2,7 @@
 
 Every variant-parametrised test iterates the registry (`VARIANTS`) and looks its variant up here
 with `entry(variant)`; a registered variant without an entry fails those tests with
-"add variant X to tests/variant_table.py TABLE" instead of taking another variant's branch.
+"add variant X to tests/helpers/variant_table.py TABLE" instead of taking another variant's branch.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Callable
 import numpy as np
 import pytest
 
-import np_reference as ref
+from tests.helpers import np_reference as ref
 from diff_transformer.model.attention import PAPER_VARIANTS, variant_names
 from diff_transformer.model.spec import ModelSpec
 
@@ -24,7 +24,7 @@ Mesh = tuple[int, int, int]
 class Entry:
   tiny: ModelSpec  # a small GQA spec (model, decoding and kernel tests)
   numerics: tuple[int, int]  # (num_heads, head_dim) at d_model 64 for the float64 comparison
-  # float64 output of the attention sub-layer from its weights (tests/np_reference.py)
+  # float64 output of the attention sub-layer from its weights (tests/helpers/np_reference.py)
   oracle: Callable[[ModelSpec, dict, np.ndarray, np.ndarray | None, int], np.ndarray]
   attention_params: Callable[[ModelSpec], int]  # one layer's attention, closed form
   # per layer and token: ((key heads, key width), (value heads, value width)) in the KV cache
@@ -111,7 +111,7 @@ assert set(PAPER_VARIANTS) <= set(VARIANTS)
 
 def entry(variant: str) -> Entry:
   if variant not in TABLE:
-    pytest.fail(f"add variant {variant} to tests/variant_table.py TABLE (a tiny spec, a float64 "
+    pytest.fail(f"add variant {variant} to tests/helpers/variant_table.py TABLE (a tiny spec, a float64 "
                 "oracle, the closed-form attention parameter count and KV-cache layout)",
                 pytrace=False)
   return TABLE[variant]

@@ -15,9 +15,9 @@ VOCAB = 264  # the byte tokenizer's 257 ids, rounded up
 
 
 def run_config(variant: str, *, gqa: bool = True, tie: bool = False, **model):
-  """D = 32, d = 8, heads and rank of the variant's tiny spec (tests/variant_table.py)."""
+  """D = 32, d = 8, heads and rank of the variant's tiny spec (tests/helpers/variant_table.py)."""
   from diff_transformer.config import base_config, validate
-  from variant_table import tiny
+  from tests.helpers.variant_table import tiny
   shape = tiny(variant)
   config = base_config()
   fields = dict(variant=variant, vocab_size=VOCAB, d_model=32, num_layers=3,

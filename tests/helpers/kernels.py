@@ -1,0 +1,84 @@
+"""Inputs for the fused kernels and an independent float64 numpy reference of their forward and
+backward, written from the formulas (kernels/common.py) with an explicit softmax-Jacobian
+backward (tests/test_pallas_kernel.py checks it against finite differences)."""
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+ARG_NAMES = ("q1", "k1", "v", "q2", "k2", "lam")
+
+
+def np_mask(T: int, causal: bool, seg: np.ndarray | None, batch: int) -> np.ndarray:
+  mask = np.ones((batch, T, T), bool)
+  if causal:
+    mask &= np.tril(np.ones((T, T), bool))[None]
+  if seg is not None:
+    mask &= seg[:, :, None] == seg[:, None, :]
+  return mask
+
+
+def np_attention(args: dict, do: np.ndarray, *, causal: bool, seg=None):
+  """Returns (out, grads) in float64; grads has one entry per non-None input."""
+  q1, k1, v, q2, k2, lam = (None if args[n] is None else np.asarray(args[n], np.float64)
+                            for n in ARG_NAMES)
+  batch, T, N, d = q1.shape
+  group = N // k1.shape[2]
+  scale = 1.0 / np.sqrt(d)
+  mask = np_mask(T, causal, seg, batch)[:, None]                   # [B,1,T,S]
+  kv = lambda x: np.repeat(x, group, axis=2).transpose(0, 2, 1, 3)  # [B,N,S,H]
+  heads = lambda x: x.transpose(0, 2, 1, 3)                         # [B,N,T,H]
+  unheads = lambda x: x.transpose(0, 2, 1, 3)
+  kv_sum = lambda x: unheads(x).reshape(batch, T, -1, group, x.shape[-1]).sum(3)
+  v_N, do_N = kv(v), heads(do)
+  lam_N = None if q2 is None else np.broadcast_to(lam, (batch, T, N)).transpose(0, 2, 1)[..., None]
+
+  def softmax_map(q, k):
+    s = np.where(mask, scale * heads(q) @ kv(k).transpose(0, 1, 3, 2), -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    return p / p.sum(-1, keepdims=True)
+
+  def map_grads(p, q, k, dout):  # softmax Jacobian: dS = P * (dP - rowsum(dP * P))
+    dp = dout @ v_N.transpose(0, 1, 3, 2)
+    ds = p * (dp - (dp * p).sum(-1, keepdims=True))
+    return unheads(scale * ds @ kv(k)), kv_sum(scale * ds.transpose(0, 1, 3, 2) @ heads(q))
+
+  p1 = softmax_map(q1, k1)
+  o1 = p1 @ v_N
+  dq1, dk1 = map_grads(p1, q1, k1, do_N)
+  grads = {"q1": dq1, "k1": dk1, "v": kv_sum(p1.transpose(0, 1, 3, 2) @ do_N)}
+  out = o1
+  if q2 is not None:
+    k2_or_1 = k1 if k2 is None else k2
+    p2 = softmax_map(q2, k2_or_1)
+    o2 = p2 @ v_N
+    out = o1 - lam_N * o2
+    dq2, dk2 = map_grads(p2, q2, k2_or_1, -lam_N * do_N)
+    grads["q2"] = dq2
+    if k2 is None:
+      grads["k1"] = grads["k1"] + dk2
+    else:
+      grads["k2"] = dk2
+    grads["v"] = grads["v"] + kv_sum(p2.transpose(0, 1, 3, 2) @ (-lam_N * do_N))
+    dlam_BTN = -(do_N * o2).sum(-1).transpose(0, 2, 1)
+    grads["lam"] = dlam_BTN.sum() if np.ndim(lam) == 0 else dlam_BTN
+  return unheads(out), grads
+
+
+def make_inputs(variant: str, *, B=1, T=40, N=4, K=2, d=8, seed=0, seg=False, dtype=jnp.float32):
+  """variant: 'v1' (separate keys, 2d values, scalar lam), 'v2' (shared keys, per-token lam),
+  'base' (single map)."""
+  rng = np.random.default_rng(seed)
+  normal = lambda *shape: jnp.asarray(rng.standard_normal(shape), dtype)
+  dim_v = 2 * d if variant == "v1" else d
+  args = dict(q1=normal(B, T, N, d), k1=normal(B, T, K, d), v=normal(B, T, K, dim_v),
+              q2=None, k2=None, lam=None)
+  if variant == "v1":
+    args.update(q2=normal(B, T, N, d), k2=normal(B, T, K, d), lam=jnp.float32(rng.uniform(0.2, 0.8)))
+  elif variant == "v2":
+    args.update(q2=normal(B, T, N, d), lam=jnp.asarray(rng.uniform(0, 1, (B, T, N)), jnp.float32))
+  seg_ids = None
+  if seg:  # 2-4 packed documents of random lengths per row
+    seg_ids = np.cumsum(rng.random((B, T)) < 3.0 / T, axis=1).astype(np.int32)
+  do = rng.standard_normal((B, T, N, dim_v))
+  return args, seg_ids, do
