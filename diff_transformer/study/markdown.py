@@ -128,7 +128,8 @@ def write(result: dict, root: Path) -> Path:
   lines = (opening.header(result, text_report.resolvable(result) if text else [])
            + opening.lr_grid(result))
   if not result["runs"]:
-    lines += ["No compared run has finished yet.", ""]
+    lines += ["No compared run has finished yet.", ""] + (text_report.descent(result) if text
+                                                           else [])
   elif "task_params" in result["study"]:
     slices = [f"accuracy:{s}" for s in result["runs"][0]["accuracy"]]
     lines += _task_primary(result) + _speed_notes(result) + _task_slices(result, root)

@@ -121,7 +121,8 @@ def lr_grid(result: dict) -> list[str]:
                    else "**not bracketed**",
                    "**untuned**" if d["untuned"] else "no"])
   what = ("steps to reach the level (>budget: never, with the final accuracy)"
-          if grid["metric"].startswith("steps_to") else "final validation loss")
+          if grid["metric"].startswith("steps_to") else
+          "final validation loss on the training-time eval rows")
   return ([f"## Learning rate per variant ({grid['steps']}-step budget, grid seeds "
            f"{grid['seeds']}, which no compared run uses; judged by `{grid['metric']}`)", "",
            f"Each cell: {what}; '-': not run (outside this variant's grid)."] + [""] +

@@ -22,7 +22,7 @@ from diff_transformer.interop import hf_import
 from diff_transformer.model.attention import recorded_variant, variant_class
 from diff_transformer.model.spec import ModelSpec
 from diff_transformer.run_folder import RunFolder
-from diff_transformer.training import run_record
+from diff_transformer.training import run_record, validation
 from diff_transformer.training.checkpoint import Checkpointer
 from diff_transformer.training.guard import DivergenceGuard
 from diff_transformer.training.mesh import check_parallelism, global_batch, make_mesh
@@ -33,34 +33,6 @@ from diff_transformer.training.peak import peak_tflops_per_device
 from diff_transformer.training.step import Trainer
 from diff_transformer.training.stop import StopSignal, exit_now
 from diff_transformer.training.workdir import WorkdirLock, prepare_workdir
-
-
-def _state_loss(trainer: Trainer, state, batch, micro_batches: int) -> float:
-  """The loss a state gives on the batch it was just trained on (its first micro-batch, a size
-  a step already fits in memory): a checkpoint is saved only once this is finite."""
-  if micro_batches > 1:  # rows j*m of each device's block: micro-batch 0, no resharding
-    batch = jax.tree.map(lambda x: x[::micro_batches], batch)
-  nll, tokens, _ = trainer.eval_step(state, batch)
-  return float(nll) / max(float(tokens), 1.0)
-
-
-def evaluate(trainer: Trainer, state, dataset, config: ml_collections.ConfigDict, mesh) -> dict:
-  """Validation loss, perplexity and argmax accuracy over the weighted tokens (the answers on
-  synthetic tasks) of up to train.eval_batches held-out batches."""
-  t = config.train
-  batch_size = t.global_batch_size // t.micro_batches  # the size a step already fits in memory
-  nll, tokens, correct = 0.0, 0.0, 0.0
-  for local in data.validation_batches(dataset, config.data, batch_size, t.eval_batches,
-                                       process_index=jax.process_index(),
-                                       process_count=jax.process_count()):
-    batch_nll, batch_tokens, batch_correct = trainer.eval_step(state, global_batch(mesh, local))
-    nll, tokens, correct = nll + batch_nll, tokens + batch_tokens, correct + batch_correct
-  nll, tokens, correct = float(nll), float(tokens), float(correct)
-  if tokens == 0:
-    raise TrainError(f"{dataset.path}: the validation split yields no tokens")
-  loss = nll / tokens
-  return dict(val_loss=loss, val_perplexity=math.exp(min(loss, 80.0)), val_tokens=tokens,
-              val_accuracy=correct / tokens)
 
 
 def _import_hf(trainer: Trainer, state, folder: str, checkpointer: Checkpointer, iterator):
@@ -241,7 +213,7 @@ def _steps(run: _Run, logger: MetricsLogger, window: RateWindow, stop: StopSigna
       summary.update(step=step, loss=float(values["loss"]), **rates)
       window.reset()
     if step % t.eval_every == 0 or last:
-      val = evaluate(trainer, state, run.dataset, run.config, run.mesh)
+      val = validation.metrics(trainer, state, run.dataset, run.config, run.mesh)
       logger.write(step, val, kind="val")
       logger.progress(step, val)
       summary.update(val)
@@ -253,7 +225,7 @@ def _steps(run: _Run, logger: MetricsLogger, window: RateWindow, stop: StopSigna
       if pending is not None:  # never save a NaN state
         guard.check_step(step, jax.device_get(metrics))
         pending = None
-      guard.check_state(step, _state_loss(trainer, state, batch, t.micro_batches))
+      guard.check_state(step, validation.state_loss(trainer, state, batch, t.micro_batches))
       checkpointer.save(step, state, run.iterator)
       window.reset()
     if stopping:
