@@ -9,13 +9,15 @@ import math
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
 from diff_transformer import cli
 from diff_transformer.errors import UserError, message_lines
 from diff_transformer.study import grid as lr_grid
-from diff_transformer.study import cells, opening, records, report, run_metrics
+from diff_transformer.study import cells, markdown, opening, records, report, run_metrics
+from diff_transformer.study.cells import num
 from diff_transformer.study.stats import paired_censored, seeds_needed, smallest_holm_p
 from diff_transformer.training.run_record import check_setting
 
@@ -151,6 +153,55 @@ def test_still_rising_counts_the_headroom_and_the_level():
   assert run_metrics.still_rising([(800, -2.0), (1000, -1.9)])  # a loss still falling: no ceiling
 
 
+def test_past_early_descent_and_the_loss_at_part_of_the_budget_from_a_curve():
+  # Unigram 3.0; the loss falls to 1.0 (a fall of 2.0), 0.08 of it over the last 20% of steps.
+  points = [(100, 2.5), (400, 1.5), (800, 1.08), (1000, 1.0)]
+  assert run_metrics.tail_fall(points, 3.0) == pytest.approx(0.08 / 2.0)
+  assert run_metrics.tail_fall(points, 0.5) is None  # no fall below the unigram baseline
+  assert run_metrics.at_share(points, 0.5) == 1.5 and run_metrics.at_share(points, 1.0) == 1.0
+  assert run_metrics.at_share(points, 0.05) is None  # nothing evaluated that early
+
+
+def test_the_smallest_effect_a_design_resolves():
+  from diff_transformer.study.stats import smallest_effect
+  # 8 seeds, 3 comparisons: (t_{1 - 0.05/6, 7} + t_{0.8, 7}) / sqrt(8), about 1.42 paired SDs
+  want = (scipy_stats.t.ppf(1 - 0.05 / 6, 7) + scipy_stats.t.ppf(0.8, 7)) / 8 ** 0.5
+  assert smallest_effect(8, 3) == pytest.approx(want) and 1.3 < want < 1.5
+  assert smallest_effect(16, 3) < smallest_effect(8, 3) < smallest_effect(8, 6)
+  assert smallest_effect(1, 3) == float("inf")
+
+
+def _text_run(variant: str, seed: int, loss: float, ar_hit: float) -> dict:
+  return dict(variant=variant, size="", seed=seed, params=1000, lr=1e-3, steps=100, budget=100,
+              final_loss=loss, val_accuracy=0.5, train_seconds=60.0, code_versions=["v"],
+              loss=loss, ar_hit_loss=ar_hit, others_loss=loss + 0.05, ar_hit_fraction=0.1,
+              ar_hit_context=4, unigram_entropy=3.0, still_rising=False, tail_fall=0.03,
+              ngram_loss=1.5, ngram_ar_hit_loss=0.8, ngram_others_loss=1.6,
+              val_loss_at_25pct=loss + 0.4, val_loss_at_50pct=loss + 0.1, val_loss_at_100pct=loss,
+              curve=[(1000, loss + 0.4), (2000, loss + 0.1), (4000, loss)])
+
+
+@pytest.mark.parametrize("copies", [True, False])
+def test_a_text_study_report_says_what_it_resolves_and_drops_an_ar_hit_split_without_copying(
+    tmp_path, copies):
+  from configs.studies import lm
+  study = dataclasses.replace(lm.STUDY, seeds=(0, 1, 2), variants=("transformer", "diff"),
+                              exploratory=True)
+  ar_hit = 0.5 if copies else 0.9  # below or above the n-gram model's 0.8
+  runs = [_text_run("transformer", s, 1.60 + 0.01 * s, ar_hit) for s in range(3)]
+  runs += [_text_run("diff", s, 1.62 + 0.02 * s, ar_hit) for s in range(3)]
+  result = report.build(study, runs, {}, [], [dict(command="c", wall_seconds=1.0)])
+  text = markdown.write(result, tmp_path).read_text()
+  sd = float(np.std([0.01 * s + 0.02 for s in range(3)], ddof=1))  # paired differences
+  assert "**What this design can resolve**: with 3 seeds and 1 comparison (Holm)" in text
+  assert f"{num(sd, 4)}-{num(sd, 4)} nats" in text
+  assert "**Out of reach**" in text and "| transformer | compared | 0.030 | 0.030 | 3/3 |" in text
+  assert "From 25% to 100% of the budget the mean gap" in text
+  assert ("**Dropped**" in text) != copies
+  assert ("Every run's AR-hit loss is below the n-gram model's (6/6)" in text) == copies
+  assert (tmp_path / "loss_vs_tokens.png").is_file() and not (tmp_path / "loss_vs_size.png").exists()
+
+
 def test_a_record_is_reused_only_for_its_setting(tmp_path):
   study = retrieval()
   config = study.resolved_config("diff-s0", 3e-3)
@@ -210,6 +261,29 @@ def test_the_committed_retrieval_study_is_a_design_that_can_conclude():
     assert table["steps_to_90"]["n_determined"] <= table["steps_to_90"]["n"], variant
   recorded = {p.stem for p in (folder / "records").glob("*.json")}
   assert {r["point"] for r in data["runs"]} <= recorded
+
+
+def test_the_committed_lm_study_is_past_early_descent_and_can_conclude():
+  """docs/results/study_lm/: a design of >= 8 seeds that can conclude; every recorded run (the
+  lr-grid runs are the pilot) past early descent (under 5% of its fall in its last 20%); an lr
+  per variant bracketed or reported as not (or its grid as unfinished); the pilot behind the
+  dropped AR-hit secondary committed with it."""
+  from configs.studies import lm
+  assert len(lm.STUDY.seeds) >= 8 and lm.STUDY.validate().design()["primary"]["can_resolve"]
+  folder = ROOT / "docs/results/study_lm"
+  data = json.loads((folder / "study.json").read_text())
+  text = (folder / "report.md").read_text()
+  assert data["study"]["seeds"] == list(lm.STUDY.seeds) and not data["study"]["exploratory"]
+  records = [json.loads(p.read_text()) for p in (folder / "records").rglob("*.json")]
+  assert len(records) >= 6 and all(r["tail_fall"] < 0.05 for r in records)
+  for cell, decision in data["lr_grid"]["decisions"].items():
+    if not decision["bracketed"]:
+      flag = "**Not bracketed**" if decision.get("complete", True) else "**Grid not finished**"
+      assert cell in next(l for l in text.splitlines() if l.startswith(flag)), (cell, flag)
+  pilot = [json.loads(p.read_text()) for p in (folder / "pilot").glob("*.loss.json")]
+  assert pilot and lm.STUDY.secondary == ()
+  assert all(r["ar_hit_context"] == 4 and r["ar_hit"]["loss"] > r["ar_hit"]["ngram_loss"]
+             for r in pilot)  # no sign of copying in context: the Table 6 analog is dropped
 
 
 def test_the_committed_children_benchmark_backs_the_default_jobs():

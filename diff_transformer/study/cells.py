@@ -5,6 +5,10 @@ from __future__ import annotations
 import math
 
 
+def plural(count: int, noun: str) -> str:
+  return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
 def num(x: float, digits: int = 3) -> str:
   if x is None or (isinstance(x, float) and math.isnan(x)):
     return "-"

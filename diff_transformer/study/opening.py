@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from diff_transformer.study.cells import num, table
+from diff_transformer.study.cells import num, plural, table
 
 
 def limits(result: dict) -> list[str]:
@@ -15,8 +15,8 @@ def limits(result: dict) -> list[str]:
   lines = []
   if info.get("exploratory"):
     primary = design.get("primary", {})
-    lines.append(f"**Exploratory**: the primary family ({primary.get('comparisons')} "
-                 f"comparisons, Holm) can reach p = {num(primary.get('smallest_p'), 4)} at best "
+    lines.append(f"**Exploratory**: the primary family "
+                 f"({plural(primary.get('comparisons') or 0, 'comparison')}, Holm) can reach p = {num(primary.get('smallest_p'), 4)} at best "
                  f"with {len(info['seeds'])} seeds (it needs {primary.get('seeds_needed')}); "
                  "nothing below can be a finding.")
   versions = info.get("code_versions") or {}
@@ -50,7 +50,8 @@ def _how_to_read(info: dict) -> list[str]:
     reach = (f"can reach p = {num(d['smallest_p'], 4)} after Holm" if d["can_resolve"] else
              f"cannot reach p < 0.05 after Holm (smallest {num(d['smallest_p'], 4)}; it needs "
              f"{d['seeds_needed']} seeds), so it is read as descriptive")
-    return f"- **{what}** ({d['comparisons']} comparisons, Holm within the family): {reach}.\n"
+    return (f"- **{what}** ({plural(d['comparisons'], 'comparison')}, Holm within the "
+            f"family): {reach}.\n")
   secondary = ", ".join(f"`{m}`" for m in info.get("secondary", [])) or "none"
   lines = ["## How to read this", "",
            f"- **Primary metric, named before the run: `{info['primary']}`.** Pre-named "

@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from diff_transformer.study.cells import diff, num, table
+from diff_transformer.study.cells import diff, num, plural, table
 from diff_transformer.study.stats import smallest_effect
 
 DESCENT_LIMIT = 0.05  # past early descent: the last 20% of steps made under 5% of the fall
@@ -31,7 +31,8 @@ def resolvable(result: dict) -> list[str]:
             f"{num(min(sds), 4)}-{num(max(sds), 4)} nats, so the smallest effect this study "
             f"resolves is about {num(k * min(sds), 4)}-{num(k * max(sds), 4)} nats" if sds else
             "; no paired differences are measured yet")
-  lines = [f"**What this design can resolve**: with {n} seeds and {m} comparisons (Holm), a "
+  lines = [f"**What this design can resolve**: with {n} seeds and {plural(m, 'comparison')} "
+           "(Holm), a "
            f"paired difference of {k:.2f} standard deviations of the per-seed differences is "
            f"detected with 80% power (paired t approximation at alpha = 0.05/{m}){spread}. "
            "A smaller true difference is likely to read 'not resolved'."]
