@@ -5,7 +5,8 @@
   tokenizer_record.json  the tokenizer it uses, and copies of the tokenizer's files
   train.lock             flock-held while a process trains it (training/workdir.py)
   metrics.jsonl          one JSON row per logged step and per evaluation; tb/ TensorBoard events
-  checkpoints/<step>/    orbax checkpoints; corrupt_checkpoints/ what a resume set aside
+  checkpoints/<step>/    orbax checkpoints; corrupt_checkpoints/ and diverged_checkpoints/ what
+                         a resume set aside (unreadable) or a diverged run set aside
   summary.json           written (atomically) once the run reached its last step or its
                          accuracy level: a finished run, which sweeps and studies skip
   eval/<suite>.json      evaluation results (eval.py); eval/report.md
@@ -23,10 +24,12 @@ from diff_transformer.errors import UserError, read_json
 
 CONFIG = "config.json"
 CODE_VERSION = "code_version.json"
+TOKENIZER_RECORD = "tokenizer_record.json"
 LOCK = "train.lock"
 METRICS = "metrics.jsonl"
 CHECKPOINTS = "checkpoints"
 CORRUPT_CHECKPOINTS = "corrupt_checkpoints"
+DIVERGED_CHECKPOINTS = "diverged_checkpoints"
 SUMMARY = "summary.json"
 EVAL = "eval"
 LOG = "sweep.log"

@@ -278,7 +278,7 @@ def test_read_only_workdir(corpus, tmp_path):
   elif not _mount_tmpfs(ro, "ro,size=64k"):
     pytest.skip("a read-only directory needs chmod (non-root) or a read-only mount (root)")
   try:
-    refused_here(ro / "run", corpus, (f"--workdir {ro / 'run'}: cannot create",))
+    refused_here(ro / "run", corpus, (f"--workdir {ro / 'run'}: cannot write there",))
   finally:
     if os.geteuid() == 0:
       _umount(ro)

@@ -32,9 +32,8 @@ def resolvable(result: dict) -> list[str]:
             f"resolves is about {num(k * min(sds), 4)}-{num(k * max(sds), 4)} nats" if sds else
             "; no paired differences are measured yet")
   lines = [f"**What this design can resolve**: with {n} seeds and {plural(m, 'comparison')} "
-           "(Holm), a "
-           f"paired difference of {k:.2f} standard deviations of the per-seed differences is "
-           f"detected with 80% power (paired t approximation at alpha = 0.05/{m}){spread}. "
+           f"(Holm), a paired difference of {k:.2f} standard deviations of the per-seed "
+           f"differences is detected with 80% power (paired t approximation at alpha = 0.05/{m}){spread}. "
            "A smaller true difference is likely to read 'not resolved'."]
   if info.get("scope"):
     lines.append(f"**Out of reach**: {info['scope']}")

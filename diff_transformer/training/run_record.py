@@ -29,7 +29,7 @@ from diff_transformer.tree import flatten
 
 CONFIG_FILE = run_folder.CONFIG
 CODE_VERSION = run_folder.CODE_VERSION
-TOKENIZER_RECORD = "tokenizer_record.json"
+TOKENIZER_RECORD = run_folder.TOKENIZER_RECORD
 TOKENIZER_COPY = "tokenizer.json"
 TOKENIZER_FILES = (TOKENIZER_COPY, "tokenizer.tiktoken", "tiktoken.json")  # copied into the run
 
