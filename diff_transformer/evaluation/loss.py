@@ -38,11 +38,15 @@ def histories(inputs_BT: np.ndarray, segment_ids_BT: np.ndarray, context: int
 def ar_hits(inputs_BT: np.ndarray, targets_BT: np.ndarray, segment_ids_BT: np.ndarray,
             context: int = 1) -> np.ndarray:
   """bool [B, T]: the (context + 1)-gram ending at target t occurred before t in its segment."""
-  history, available = histories(inputs_BT, segment_ids_BT, context)
-  hits = np.zeros(inputs_BT.shape, bool)
-  for b in range(inputs_BT.shape[0]):
+  return _hits(*histories(inputs_BT, segment_ids_BT, context), targets_BT, context)
+
+
+def _hits(history: np.ndarray, available: np.ndarray, targets_BT: np.ndarray, context: int
+          ) -> np.ndarray:
+  hits = np.zeros(targets_BT.shape, bool)
+  for b in range(targets_BT.shape[0]):
     seen: set[tuple[int, ...]] = set()
-    for t in range(inputs_BT.shape[1]):
+    for t in range(targets_BT.shape[1]):
       if available[b, t] == 1:
         seen = set()  # a new segment
       if available[b, t] >= context:
@@ -56,15 +60,17 @@ def evaluate(fns: common.Fns, batches, progress: bool = False, context: int = 1,
              ngram: NGram | None = None) -> dict:
   """Loss, perplexity and the AR-hit / others split over an iterable of validation batches
   (with `ngram`, its loss on each split's tokens too)."""
+  if ngram is not None and ngram.context != context:
+    raise ValueError(f"the n-gram model's context {ngram.context} is not the AR-hit's {context}")
   keys = ("all", "ar_hit", "others")
   sums, counts, base = (dict.fromkeys(keys, 0.0) for _ in range(3))
   for batch in tqdm(batches, desc="loss", disable=not progress, leave=False):
     nll = fns.nll(batch["inputs"], batch["targets"], batch["positions"], batch["segment_ids"])
     w = np.asarray(batch["weights"], np.float64)
-    hit = ar_hits(batch["inputs"], batch["targets"], batch["segment_ids"], context)
-    if ngram is not None:
-      history, available = histories(batch["inputs"], batch["segment_ids"], ngram.context)
-      base_nll = -np.log(ngram.prob(history.reshape(-1, ngram.context), available.reshape(-1),
+    history, available = histories(batch["inputs"], batch["segment_ids"], context)
+    hit = _hits(history, available, batch["targets"], context)
+    if ngram is not None:  # fitted with the same context (run), so the histories are its own
+      base_nll = -np.log(ngram.prob(history.reshape(-1, context), available.reshape(-1),
                                     batch["targets"].reshape(-1))).reshape(w.shape)
     for key, mask in (("all", w), ("ar_hit", w * hit), ("others", w * ~hit)):
       sums[key] += float((nll * mask).sum())

@@ -35,7 +35,8 @@ class NGram:
                                return_counts=True)
       heads, start = np.unique(keys // vocab, return_index=True)
       self.tables.append((keys, counts))
-      self.contexts.append((heads, np.add.reduceat(counts, start), np.diff(start, append=len(keys))))
+      followers = np.diff(start, append=len(keys))
+      self.contexts.append((heads, np.add.reduceat(counts, start), followers))
 
   def keys(self, grams_NK: np.ndarray) -> np.ndarray:
     out = np.zeros(grams_NK.shape[0], np.int64)

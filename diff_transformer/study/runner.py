@@ -90,8 +90,8 @@ def _run_points(study: Study, study_file: str, root: Path, results: Path, points
   point_args = {p: (study.grid_args(p) if grid else
                     study.lr_args(p, lrs[p]) if lrs.get(p) is not None else ()) for p in todo}
   ran = launch.run(study, study_file, str(root), points=todo,
-                         extra_args=study.override_args(), point_args=point_args,
-                         keep_going=True, jobs=jobs, on_done=on_done)
+                   extra_args=study.override_args(), point_args=point_args,
+                   keep_going=True, jobs=jobs, on_done=on_done)
   for p, why in ran.items():
     if why == "skipped":  # finished before this invocation, not yet recorded
       on_done(p, str(root / p))
@@ -106,19 +106,20 @@ def _grid_point_record(study: Study, point: str, workdir: Path, results: Path, c
                        failed: str = "") -> None:
   """A grid run's record; a failed run's holds the last line of its log instead of results."""
   out = dict(lr=study.parse(point).lr, seed=study.parse(point).seed, budget=config.train.steps)
+  folder = RunFolder(workdir)
   if failed:
-    log = RunFolder(workdir).log
+    log = folder.log
     lines = log.read_text(errors="replace").strip().splitlines() if log.is_file() else []
     records.write(results, point, dict(out, failed=(lines or [failed])[-1][-300:]), config,
                   grid=True)
     return
-  summary = RunFolder(workdir).read_summary() or {}
-  rows = RunFolder(workdir).metric_rows()
+  summary, rows = folder.read_summary() or {}, folder.metric_rows()
   points = run_metrics.curve(rows, "val_accuracy" if study.level else "val_loss")
+  unigram = summary.get("unigram_entropy")
   out.update(steps=summary.get("step"), final_loss=summary.get("val_loss"),
-             val_accuracy=summary.get("val_accuracy"),
-             unigram_entropy=summary.get("unigram_entropy"), train_seconds=run_metrics.train_seconds(rows),
-             tail_fall=None if study.level else run_metrics.tail_fall(points, summary.get("unigram_entropy")),
+             val_accuracy=summary.get("val_accuracy"), unigram_entropy=unigram,
+             train_seconds=run_metrics.train_seconds(rows),
+             tail_fall=None if study.level else run_metrics.tail_fall(points, unigram),
              code_versions=run_metrics.code_versions(workdir), curve=points)
   if study.level:
     out["steps_to_level"], out["reached"] = run_metrics.first_step(points, study.level)
@@ -131,7 +132,8 @@ def _point_record(study: Study, point: str, workdir: Path, results: Path, config
   step = (RunFolder(workdir).read_summary() or {}).get("step")
   if not _evaluated(workdir, step, names):
     settings = Settings(task_rows=study.eval_rows, task_attention_rows=study.attention_rows,
-                        ar_hit_context=study.ar_hit_context, seed=1234)  # the same eval rows for every run
+                        ar_hit_context=study.ar_hit_context,
+                        seed=1234)  # the same eval rows for every run
     evaluate(workdir, list(names), step=step, settings=settings)
   records.write(results, point, _record(study, point, workdir, config), config)
 
@@ -140,15 +142,16 @@ def _record(study: Study, point: str, workdir: Path, config) -> dict:
   """A finished, evaluated run's record: identity, size, lr, final loss, the task or text
   metrics, the learning curve, its wall time."""
   p = study.parse(point)
-  summary = RunFolder(workdir).read_summary() or {}
-  ev = {s: RunFolder(workdir).read_eval(s) for s in suites(study)}
-  rows = RunFolder(workdir).metric_rows()
+  folder = RunFolder(workdir)
+  summary, rows = folder.read_summary() or {}, folder.metric_rows()
+  ev = {s: folder.read_eval(s) for s in suites(study)}
   record = dict(variant=p.variant, size=p.size, seed=p.seed,
                 params=params.count(ModelSpec.from_config(config.model))["params"],
                 lr=float(config.train.lr), steps=summary.get("step"),
                 budget=config.train.steps, stopped_at_level=bool(summary.get("stopped_at_level")),
                 final_loss=summary.get("val_loss"), val_accuracy=summary.get("val_accuracy"),
-                train_seconds=run_metrics.train_seconds(rows), code_versions=run_metrics.code_versions(workdir))
+                train_seconds=run_metrics.train_seconds(rows),
+                code_versions=run_metrics.code_versions(workdir))
   if study.is_task:
     record.update(run_metrics.task_record(ev, run_metrics.curve(rows), study.level or 0.9))
   else:

@@ -59,9 +59,7 @@ class Checkpointer:
 
   def committed_steps(self) -> list[int]:
     """Steps whose save finished (orbax renames a step's temp dir to <step> as its last act)."""
-    if not self.directory.is_dir():
-      return []
-    return sorted(int(p.name) for p in self.directory.iterdir() if p.name.isdigit())
+    return RunFolder(self.workdir).checkpoint_steps()
 
   def newest(self) -> str:
     """Which committed checkpoint a resume would start from, for one-line messages."""

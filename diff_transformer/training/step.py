@@ -83,7 +83,7 @@ class Trainer:
     self.schedule = learning_rate_schedule(config.train)
     self.micro_batches = int(config.train.micro_batches)
     self.z_loss = float(config.train.z_loss)
-    layout = ModelLayout(self.spec, mesh)
+    self.layout = layout = ModelLayout(self.spec, mesh)
     self.graphdef, self.param_shardings = layout.graphdef, layout.param_shardings
     self.tx = make_optimizer(config.train, decay_mask(layout.param_variables, config.train))
     self.replicated = NamedSharding(mesh, P())
@@ -138,7 +138,7 @@ class Trainer:
 
   def model(self, state: State) -> nnx.Module:
     """An nnx model viewing the state's parameters (for evaluation or analysis)."""
-    return nnx.merge(self.graphdef, state["params"], state["constants"])
+    return self.layout.model(state)
 
   # ---- loss ------------------------------------------------------------------------------
   def _loss_fn(self, params, constants, batch: Batch, total_weight):
