@@ -202,7 +202,7 @@ def _run_local(todo: list[tuple[str, str]], make_command: Callable[[str, str], l
   every running child (each saves) before it propagates."""
   queue, free = list(todo), cores_for(jobs)
   running: dict[int, tuple[subprocess.Popen, IO, str, str, int | None]] = {}
-  bar = tqdm(total=len(todo), desc=f"sweep {name}", unit="run")
+  bar = tqdm(total=len(todo), desc=name, unit="run")
   try:
     while queue or running:
       raise_if_stopped()
@@ -222,7 +222,7 @@ def _run_local(todo: list[tuple[str, str]], make_command: Callable[[str, str], l
       if proc.returncode != 0:
         failure = f"failed (exit {proc.returncode}); see {RunFolder(workdir).log}"
         if not keep_going:
-          raise LaunchError(f"sweep point {point} {failure}; rerun to resume it")
+          raise LaunchError(f"{name}: point {point} {failure}; rerun to resume it")
         status[point] = failure
       else:
         status[point] = "ran"

@@ -264,10 +264,10 @@ def test_the_committed_retrieval_study_is_a_design_that_can_conclude():
 
 
 def test_the_committed_lm_study_is_past_early_descent_and_can_conclude():
-  """docs/results/study_lm/: a design of >= 8 seeds that can conclude; every recorded run (the
-  lr-grid runs are the pilot) past early descent (under 5% of its fall in its last 20%); an lr
-  per variant bracketed or reported as not (or its grid as unfinished); the pilot behind the
-  dropped AR-hit secondary committed with it."""
+  """docs/results/study_lm/: a design of >= 8 seeds that can conclude, every variant run on every
+  seed; every recorded run (the lr-grid runs are the pilot) past early descent (under 5% of its
+  fall in its last 20%); an lr per variant bracketed or reported as not (or its grid as
+  unfinished); the pilot behind the dropped AR-hit secondary committed with it."""
   from configs.studies import lm
   assert len(lm.STUDY.seeds) >= 8 and lm.STUDY.validate().design()["primary"]["can_resolve"]
   folder = ROOT / "docs/results/study_lm"
@@ -276,6 +276,11 @@ def test_the_committed_lm_study_is_past_early_descent_and_can_conclude():
   assert data["study"]["seeds"] == list(lm.STUDY.seeds) and not data["study"]["exploratory"]
   records = [json.loads(p.read_text()) for p in (folder / "records").rglob("*.json")]
   assert len(records) >= 6 and all(r["tail_fall"] < 0.05 for r in records)
+  compared = {(r["variant"], r["seed"]): r for r in
+              (json.loads(p.read_text()) for p in (folder / "records").glob("*.json"))}
+  assert not data["missing"] and set(compared) == {
+      (v, s) for v in data["study"]["variants"] for s in lm.STUDY.seeds}
+  assert all(math.isfinite(r["loss"]) for r in compared.values())
   for cell, decision in data["lr_grid"]["decisions"].items():
     if not decision["bracketed"]:
       flag = "**Not bracketed**" if decision.get("complete", True) else "**Grid not finished**"

@@ -76,7 +76,8 @@ def header(result: dict, first: list[str] = ()) -> list[str]:
   minutes = sum(r["train_seconds"] for r in result["runs"]
                 if r["train_seconds"] is not None and math.isfinite(r["train_seconds"])) / 60
   setting = (f"Task `{info['task']}` {info.get('task_params', '')}" if "task_params" in info
-             else f"Text corpus `{info['task']}`, sizes {info['sizes']}")
+             else f"Text corpus `{info['task']}`"
+             + (f", sizes {info['sizes']}" if info["sizes"] else ", one size"))
   lines = [f"# Study {info['name']}", ""] + limits(result) + list(first) + [
       info["description"], "",
       f"{setting}; seq_len {info['seq_len']}; budget {info['steps']} steps of {info['batch']} "
