@@ -15,8 +15,9 @@ def limits(result: dict) -> list[str]:
   lines = []
   if info.get("exploratory"):
     primary = design.get("primary", {})
-    lines.append(f"**Exploratory**: the primary family "
-                 f"({plural(primary.get('comparisons') or 0, 'comparison')}, Holm) can reach p = {num(primary.get('smallest_p'), 4)} at best "
+    comparisons = plural(primary.get("comparisons") or 0, "comparison")
+    lines.append(f"**Exploratory**: the primary family ({comparisons}, Holm) can reach "
+                 f"p = {num(primary.get('smallest_p'), 4)} at best "
                  f"with {len(info['seeds'])} seeds (it needs {primary.get('seeds_needed')}); "
                  "nothing below can be a finding.")
   versions = info.get("code_versions") or {}

@@ -33,7 +33,8 @@ def resolvable(result: dict) -> list[str]:
             "; no paired differences are measured yet")
   lines = [f"**What this design can resolve**: with {n} seeds and {plural(m, 'comparison')} "
            f"(Holm), a paired difference of {k:.2f} standard deviations of the per-seed "
-           f"differences is detected with 80% power (paired t approximation at alpha = 0.05/{m}){spread}. "
+           f"differences is detected with 80% power (paired t approximation at alpha = "
+           f"0.05/{m}){spread}. "
            "A smaller true difference is likely to read 'not resolved'."]
   if info.get("scope"):
     lines.append(f"**Out of reach**: {info['scope']}")

@@ -14,7 +14,6 @@ from diff_transformer import run_folder
 from diff_transformer.errors import TrainError
 from diff_transformer.training.checkpoint import Checkpointer
 
-SET_ASIDE = run_folder.DIVERGED_CHECKPOINTS
 _MEAN_DECAY = 0.9  # the running mean follows roughly the last 10 checked losses
 
 
@@ -56,7 +55,7 @@ class DivergenceGuard:
     suspect = [s for s in ckpt.committed_steps() if s >= first_bad]
     moved = ""
     if suspect:
-      target = ckpt.set_aside(suspect, SET_ASIDE)
+      target = ckpt.set_aside(suspect, run_folder.DIVERGED_CHECKPOINTS)
       moved = f"moved checkpoints {suspect} (not known good) to {target}; "
     good = ckpt.committed_steps()
     kept = (f"the last good checkpoint (step {good[-1]}) is intact in {ckpt.directory}"

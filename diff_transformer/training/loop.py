@@ -80,7 +80,7 @@ class _Run:
   start: int
   resumed: bool
   batch_change: tuple[int, int] | None  # (recorded, new) global batch size of a resume
-  code_change: dict | None  # the code version a resume replaced (run_record.CODE_VERSION)
+  code_change: dict | None  # the code version a resume replaced (run_folder.CODE_VERSION)
 
 
 def _record_variant(config: ml_collections.ConfigDict) -> None:

@@ -12,10 +12,10 @@ from diff_transformer.errors import TrainError, read_json
 from diff_transformer.interop import InteropError
 from diff_transformer.interop.export import check_export, write_folder
 from diff_transformer.model.spec import ModelSpec
+from diff_transformer.run_folder import CONFIG, TOKENIZER_RECORD
 from diff_transformer.training.checkpoint import Checkpointer
 from diff_transformer.training.mesh import make_mesh
-from diff_transformer.training.run_record import (CONFIG_FILE, TOKENIZER_RECORD,
-                                                  check_tokenizer_record, read_config)
+from diff_transformer.training.run_record import check_tokenizer_record, read_config
 from diff_transformer.training.step import ModelLayout
 
 
@@ -32,7 +32,7 @@ def restore_model(workdir: str | Path, step: int | None = None,
   workdir = Path(workdir)
   config = read_config(workdir)
   if config is None:
-    raise TrainError(f"{workdir / CONFIG_FILE}: missing; {workdir} is not a training workdir")
+    raise TrainError(f"{workdir / CONFIG}: missing; {workdir} is not a training workdir")
   validate(config)
   check_tokenizer_record(workdir, tokenizer)
   if mesh is None:
@@ -53,7 +53,7 @@ def export_run(workdir: str | Path, out: str | Path, step: int | None = None) ->
   workdir, out = Path(workdir), Path(out)
   config = read_config(workdir)
   if config is None or not (workdir / TOKENIZER_RECORD).is_file():
-    raise InteropError(f"--workdir: {workdir} has no {CONFIG_FILE} or {TOKENIZER_RECORD}; not a "
+    raise InteropError(f"--workdir: {workdir} has no {CONFIG} or {TOKENIZER_RECORD}; not a "
                        "training workdir")
   spec = ModelSpec.from_config(config.model)
   record = read_json(workdir / TOKENIZER_RECORD, InteropError)

@@ -27,9 +27,6 @@ from diff_transformer.data.tokenizer import load_tokenizer
 from diff_transformer.errors import DataError, TrainError, last_line, read_json
 from diff_transformer.tree import flatten
 
-CONFIG_FILE = run_folder.CONFIG
-CODE_VERSION = run_folder.CODE_VERSION
-TOKENIZER_RECORD = run_folder.TOKENIZER_RECORD
 TOKENIZER_COPY = "tokenizer.json"
 TOKENIZER_FILES = (TOKENIZER_COPY, "tokenizer.tiktoken", "tiktoken.json")  # copied into the run
 
@@ -39,12 +36,12 @@ def write_run_record(workdir: Path, config: ml_collections.ConfigDict, dataset) 
   if jax.process_index() != 0:
     return
   workdir.mkdir(parents=True, exist_ok=True)
-  (workdir / CONFIG_FILE).write_text(config.to_json_best_effort(indent=2) + "\n")
+  (workdir / run_folder.CONFIG).write_text(config.to_json_best_effort(indent=2) + "\n")
   record = describe(dataset.tokenizer)
   # Embedding rows beyond the tokenizer's ids (a preset's vocab rounded up, e.g. to 128): never
   # produced by the data, recorded so an export or a reader knows which ids are real.
   record["vocab_padding"] = int(config.model.vocab_size) - record["vocab_size"]
-  (workdir / TOKENIZER_RECORD).write_text(json.dumps(record, indent=2) + "\n")
+  (workdir / run_folder.TOKENIZER_RECORD).write_text(json.dumps(record, indent=2) + "\n")
   for name in TOKENIZER_FILES:  # whichever the data's tokenizer keeps (bpe, file, tiktoken)
     source = Path(dataset.path) / name
     if record["name"] != "byte" and source.is_file():
@@ -96,7 +93,7 @@ def check_setting(workdir: Path, point: str, config: ml_collections.ConfigDict,
 
 
 def read_code_versions(workdir: Path) -> list[dict]:
-  path = Path(workdir) / CODE_VERSION
+  path = Path(workdir) / run_folder.CODE_VERSION
   versions = read_json(path, TrainError) if path.is_file() else []
   return versions if isinstance(versions, list) else []
 
@@ -109,13 +106,13 @@ def record_code_version(workdir: Path, step: int) -> dict | None:
   versions, now = read_code_versions(workdir), provenance.code_version()
   if versions and provenance.same_code(versions[-1], now):
     return None
-  (Path(workdir) / CODE_VERSION).write_text(json.dumps(versions + [dict(step=step, **now)],
-                                                       indent=1) + "\n")
+  record = versions + [dict(step=step, **now)]
+  (Path(workdir) / run_folder.CODE_VERSION).write_text(json.dumps(record, indent=1) + "\n")
   return versions[-1] if versions else None
 
 
 def read_config(workdir: Path) -> ml_collections.ConfigDict | None:
-  path = Path(workdir) / CONFIG_FILE
+  path = Path(workdir) / run_folder.CONFIG
   if not path.is_file():
     return None
   config = base_config()
@@ -133,7 +130,7 @@ def check_run_record(workdir: Path, config: ml_collections.ConfigDict, tokenizer
                      ) -> tuple[int, int] | None:
   """A resumed run must use the recorded tokenizer and the same model shape. Returns (recorded,
   new) train.global_batch_size when the resume changes it (allowed, and said), else None."""
-  if (workdir / TOKENIZER_RECORD).is_file():
+  if (workdir / run_folder.TOKENIZER_RECORD).is_file():
     check_tokenizer_record(workdir, tokenizer)
   recorded = read_config(workdir)
   if recorded is None:
@@ -150,7 +147,7 @@ def check_run_record(workdir: Path, config: ml_collections.ConfigDict, tokenizer
 
 def check_tokenizer_record(workdir: Path, tokenizer=None) -> dict:
   """The recorded tokenizer, checked against `tokenizer` or against the workdir's own copy."""
-  path = Path(workdir) / TOKENIZER_RECORD
+  path = Path(workdir) / run_folder.TOKENIZER_RECORD
   if not path.is_file():
     raise TrainError(f"{path}: missing; {workdir} is not a training workdir")
   record = read_json(path, TrainError)

@@ -83,9 +83,8 @@ class Trainer:
     self.schedule = learning_rate_schedule(config.train)
     self.micro_batches = int(config.train.micro_batches)
     self.z_loss = float(config.train.z_loss)
-    self.layout = layout = ModelLayout(self.spec, mesh)
-    self.graphdef, self.param_shardings = layout.graphdef, layout.param_shardings
-    self.tx = make_optimizer(config.train, decay_mask(layout.param_variables, config.train))
+    self.layout = ModelLayout(self.spec, mesh)
+    self.tx = make_optimizer(config.train, decay_mask(self.layout.param_variables, config.train))
     self.replicated = NamedSharding(mesh, P())
     self.abstract_state = jax.eval_shape(functools.partial(self._init_fn, 0))
     self.state_shardings = self._shardings(self.abstract_state)
@@ -103,7 +102,7 @@ class Trainer:
   def _shardings(self, abstract_state: State) -> State:
     """Parameters by their logical names; optimizer leaves like the parameter they track."""
     flat = {tuple(_dict_tail(p)): s for p, s in
-            jax.tree_util.tree_flatten_with_path(self.param_shardings)[0]}
+            jax.tree_util.tree_flatten_with_path(self.layout.param_shardings)[0]}
     shapes = {tuple(_dict_tail(p)): s.shape for p, s in
               jax.tree_util.tree_flatten_with_path(abstract_state["params"])[0]}
 
@@ -113,7 +112,7 @@ class Trainer:
         return flat[key]
       return self.replicated  # counters and other scalars
 
-    return dict(step=self.replicated, params=self.param_shardings,
+    return dict(step=self.replicated, params=self.layout.param_shardings,
                 constants=jax.tree.map(lambda _: self.replicated, abstract_state["constants"]),
                 opt_state=jax.tree_util.tree_map_with_path(opt_leaf, abstract_state["opt_state"]))
 
@@ -144,7 +143,7 @@ class Trainer:
   def _loss_fn(self, params, constants, batch: Batch, total_weight):
     """(objective, ((nll sum, z sum, correct sum), layer metrics)) of one (micro-)batch; the
     layer metrics (e.g. lambda, [L] each) come from the same forward as the logits."""
-    model = nnx.merge(self.graphdef, params, constants)
+    model = nnx.merge(self.layout.graphdef, params, constants)
     logits_BTV, layer_metrics = model(batch["inputs"], batch["positions"], batch["segment_ids"],
                                       metric_weights_BT=batch["weights"])
     sums = loss.token_sums(logits_BTV, batch["targets"], batch["weights"])
@@ -172,7 +171,7 @@ class Trainer:
       return (jax.tree.map(jnp.add, g_acc, g), jax.tree.map(jnp.add, sums_acc, sums)), weighted
 
     zeros = jax.lax.with_sharding_constraint(jax.tree.map(jnp.zeros_like, params),
-                                             self.param_shardings)
+                                             self.layout.param_shardings)
     init = (zeros, (jnp.zeros((), jnp.float32),) * 3)
     (grads, sums), weighted_ML = jax.lax.scan(body, init, jax.tree.map(split, batch))
     layer_metrics = jax.tree.map(lambda v: jnp.sum(v, axis=0) / total_weight, weighted_ML)
@@ -197,7 +196,7 @@ class Trainer:
     return nll_sum, jnp.sum(batch["weights"]), correct_sum
 
   def _logits_fn(self, params, constants, batch: Batch) -> jax.Array:
-    model = nnx.merge(self.graphdef, params, constants)
+    model = nnx.merge(self.layout.graphdef, params, constants)
     return model(batch["inputs"], batch.get("positions"), batch.get("segment_ids"))
 
   # ---- public entry points (run under the mesh so activation constraints apply) -----------
