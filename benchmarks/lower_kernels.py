@@ -2,7 +2,8 @@
 
 - TPU (Mosaic): jit(...).trace(ShapeDtypeStructs).lower(lowering_platforms=("tpu",)) under an
   abstract mesh whose device kind is "TPU v5 lite" (Mosaic needs a TPU generation).
-- GPU (Triton): lowering_platforms=("cuda",), backend="triton" (0.10.2 defaults to Mosaic GPU).
+- GPU (Triton): lowering_platforms=("cuda",), backend="triton" (0.10.2 defaults to Mosaic GPU),
+  under an abstract mesh of one "NVIDIA H100" (jax 0.11's Triton lowering asks for the generation).
 - AOT (needs libtpu, `pip install "jax[tpu]==0.10.2"`): compile the shard_map wrapper for a
   v5e:2x2 topology (4 abstract chips, batch x heads mesh) and record memory_analysis().
 
@@ -12,7 +13,6 @@ Exits non-zero if any lowering or compile fails.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.util
 import json
 import math
@@ -78,6 +78,9 @@ def lower_all(T: int = 1024) -> list[dict]:
   rows = []
   tpu_mesh = AbstractMesh((1,), ("x",), abstract_device=AbstractDevice(
       device_kind="TPU v5 lite", num_cores=1, platform="tpu"))
+  # jax 0.11 asks the Triton lowering for a GPU generation too (0.10.2 assumed one).
+  gpu_mesh = AbstractMesh((1,), ("x",), abstract_device=AbstractDevice(
+      device_kind="NVIDIA H100 80GB HBM3", num_cores=None, platform="cuda"))
   for platform, backend in (("tpu", "tpu"), ("cuda", "triton")):
     for variant in VARIANTS:
       args, seg = shapes(variant, 1, T, 4, 2, 128)
@@ -86,9 +89,7 @@ def lower_all(T: int = 1024) -> list[dict]:
       for name, fn in (("fwd", f), ("bwd", g)):
 
         def lower(fn=fn):
-          ctx = (jax.sharding.use_abstract_mesh(tpu_mesh) if platform == "tpu"
-                 else contextlib.nullcontext())
-          with ctx:
+          with jax.sharding.use_abstract_mesh(tpu_mesh if platform == "tpu" else gpu_mesh):
             text = jax.jit(fn).trace(seg, *present).lower(lowering_platforms=(platform,)).as_text()
           target = "tpu_custom_call" if platform == "tpu" else "xla.gpu.triton"
           return dict(ok=text.count(target) > 0, kernels=text.count(target))

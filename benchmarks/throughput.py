@@ -47,6 +47,9 @@ from diff_transformer.training.metrics import (attention_flops_per_token,  # noq
 from diff_transformer.training.peak import peak_tflops_per_device  # noqa: E402
 from diff_transformer.training.step import Trainer  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from bench_common import synthetic_batch  # noqa: E402
+
 OUT_JSON = ROOT / "benchmarks" / "results" / "throughput.json"
 OUT_PLOT = ROOT / "docs" / "results" / "throughput" / "ratio.png"
 
@@ -61,22 +64,13 @@ def config_for(variant: str, args, seq_len: int):
   return validate(params_lib.matched_variant(c, variant, rank=args.rank))
 
 
-def synthetic_batch(args, seq_len: int) -> dict[str, np.ndarray]:
-  rng = np.random.default_rng(0)
-  B, T = args.batch, seq_len
-  tokens = rng.integers(0, args.vocab, (B, T + 1), dtype=np.int32)
-  return dict(inputs=tokens[:, :-1], targets=tokens[:, 1:], segment_ids=np.ones((B, T), np.int32),
-              positions=np.broadcast_to(np.arange(T, dtype=np.int32), (B, T)).copy(),
-              weights=np.ones((B, T), np.float32))
-
-
 class Bench:
   """One variant's compiled train and eval steps at one length, and its FLOP counts."""
 
   def __init__(self, config, args, seq_len: int):
     self.config, self.trainer = config, Trainer(config, make_mesh(config.mesh))
     self.state = self.trainer.init()
-    self.batch = global_batch(self.trainer.mesh, synthetic_batch(args, seq_len))
+    self.batch = global_batch(self.trainer.mesh, synthetic_batch(args.batch, seq_len, args.vocab))
     start = time.perf_counter()
     self.state, metrics = self.trainer.train_step(self.state, self.batch)
     jax.block_until_ready((metrics, self.trainer.eval_step(self.state, self.batch)))

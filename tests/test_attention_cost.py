@@ -93,6 +93,13 @@ def test_auto_choice_per_platform():
   assert auto.choose(q, k, shape(64), platform="gpu") == "cudnn"
   assert auto.choose(q, k, shape(128), platform="gpu") == "cudnn"  # V1 at d=64: padded to 128
   assert auto.choose(shape(128), shape(128), shape(256), platform="gpu") == "pallas"
+  # Hopper (compute capability 9.0): cuDNN up to 256 wide, so V1 at d=96 (values 192) too
+  hopper = dict(platform="gpu", compute_capability=9.0)
+  assert auto.choose(shape(96), shape(96), shape(192), **hopper) == "cudnn"
+  assert auto.choose(shape(128), shape(128), shape(256), **hopper) == "cudnn"
+  assert auto.choose(shape(160), shape(160), shape(320), **hopper) == "pallas"
+  assert auto.choose(shape(96), shape(96), shape(192), platform="gpu",
+                     compute_capability=8.0) == "pallas"
   assert auto.choose(shape(64, jnp.float32), shape(64, jnp.float32), shape(64, jnp.float32),
                      platform="gpu") == "pallas"
   assert auto.choose(q, k, shape(64), platform="tpu", explicit_mask=True) == "xla"

@@ -49,16 +49,22 @@ def train_flops_per_token(spec: ModelSpec, seq_len: int) -> float:
   return 6.0 * matmul_params(spec) + 3.0 * attention_flops_per_token(spec, seq_len)
 
 
+def kernel_inputs(spec: ModelSpec, seq_len: int, batch: int = 1):
+  """The variant's kernel inputs (a Projected of ShapeDtypeStructs: q1, k1, v, q2, k2, lam) for
+  `batch` rows of `seq_len` tokens, traced from its own `project` without any arrays."""
+  x = jax.ShapeDtypeStruct((batch, seq_len, spec.d_model), spec.compute_dtype)
+  positions = jax.ShapeDtypeStruct((batch, seq_len), np.int32)
+  return jax.eval_shape(lambda x, pos: variant_class(spec.variant)(spec, 0, rngs=nnx.Rngs(0)).project(
+      x, pos), x, positions)
+
+
 def executed_flops_per_token(spec: ModelSpec, seq_len: int) -> tuple[float, str]:
   """(matmul FLOPs per token the compiled train step executes, the attention kernel that runs):
   6 x matmul weights plus what the chosen kernel computes (kernels/flops.py) per layer, plus what
   the remat policy recomputes in the backward: `full` the blocks' forward (weights and
   attention), `dots_with_no_batch_dims_saveable` the attention's forward (its products have batch
   dimensions), `dots_saveable` nothing."""
-  x = jax.ShapeDtypeStruct((1, seq_len, spec.d_model), spec.compute_dtype)
-  positions = jax.ShapeDtypeStruct((1, seq_len), np.int32)
-  p = jax.eval_shape(lambda x, pos: variant_class(spec.variant)(spec, 0, rngs=nnx.Rngs(0)).project(
-      x, pos), x, positions)
+  p = kernel_inputs(spec, seq_len)
   kernel = kernels.resolve(spec.kernel, p.q1, p.k1, p.v)
   flops = lambda backward: kernels.executed_flops(kernel, p.q1, p.k1, p.v, p.q2,
                                                   backward=backward) / seq_len * spec.num_layers

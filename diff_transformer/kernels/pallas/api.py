@@ -86,12 +86,16 @@ def _to_kernel(x: Array | None, padded: int, width: int | None = None) -> Array 
 def attention(q1, k1, v, q2=None, k2=None, lam=None, *, segment_ids=None, causal: bool = True,
               scale: float | None = None, mask=None, block_q: int | None = None,
               block_k: int | None = None, backend: str | None = None, interpret=None,
-              num_warps: int = 4, num_stages: int = 2) -> Array:
+              num_warps: int | None = None, num_stages: int = 2) -> Array:
   """Fused differential flash attention (contract: kernels/common.py).
 
   backend: "tpu" (Mosaic grid-loop kernels) or "triton" (GPU); default from the JAX backend.
   interpret: default True on CPU (plain interpreter); a pltpu.InterpretParams runs the strict
   TPU-semantics interpreter. Blocks default to 128x128 (tpu) / 64x64 (triton).
+  num_warps (Triton): default 8 where the padded value width exceeds 128 (DIFF V1's 2d-wide
+  values), else 4: on an H200 at the 830M heads, T = 2048, 8 warps took DIFF V1's forward+backward
+  from 6.52 to 5.44 ms and the Transformer's from 2.39 to 4.43
+  (benchmarks/results/gpu_check_kernels.json).
   """
   if mask is not None:
     raise NotImplementedError(
@@ -110,13 +114,15 @@ def attention(q1, k1, v, q2=None, k2=None, lam=None, *, segment_ids=None, causal
   bq, bk, padded = _blocks(length, block_q or dq, block_k or dk, backend)
   if backend == "tpu" and interpret is False and any(x % 128 and x != padded for x in (bq, bk)):
     raise ValueError(f"pallas attention: TPU blocks must be multiples of 128 (got {bq}, {bk})")
-  cfg = Config(seq_len=length, block_q=bq, block_k=bk, scale=common.default_scale(q1, scale),
-               causal=causal, backend=backend, interpret=interpret, num_warps=num_warps,
-               num_stages=num_stages)
   width = width_v = None
   if backend == "triton":  # power-of-two head widths; zero columns leave q.k and P V unchanged
     width = max(16, 1 << (dim - 1).bit_length())
     width_v = max(16, 1 << (v.shape[-1] - 1).bit_length())
+  if num_warps is None:
+    num_warps = 8 if width_v is not None and width_v > 128 else 4
+  cfg = Config(seq_len=length, block_q=bq, block_k=bk, scale=common.default_scale(q1, scale),
+               causal=causal, backend=backend, interpret=interpret, num_warps=num_warps,
+               num_stages=num_stages)
   lam_BNT = q_seg = kv_seg = None
   if q2 is not None:
     lam_BNT = common.lam_per_query(lam, batch, length, heads).transpose(0, 2, 1)

@@ -1,0 +1,55 @@
+"""The GPU check's CPU mode (tools/gpu_check.sh --cpu): every stage runs end to end at tiny
+shapes with Pallas interpreted, so the entry the GPU machine runs cannot rot between GPU runs."""
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory) -> dict:
+  out = tmp_path_factory.mktemp("gpu_check")
+  proc = subprocess.run(["bash", "tools/gpu_check.sh", "--cpu", str(out)], cwd=ROOT,
+                        capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  assert "exit status 124" not in proc.stdout, proc.stdout[-3000:]  # no stage hit its cap
+  return {p.stem.removeprefix("gpu_check_"): json.loads(p.read_text())
+          for p in out.glob("gpu_check_*.json")}
+
+
+def test_every_stage_wrote_its_record(results):
+  assert set(results) == {"env", "correctness", "kernels", "train", "decode", "tests"}
+  for stage, record in results.items():
+    assert record["stage"] == stage and record["versions"]["jax"], stage
+  assert results["env"]["imports"]["modules"] > 50 and not results["env"]["imports"]["failed"]
+
+
+def test_correctness_covers_every_path_and_variant_and_passes(results):
+  cells = results["correctness"]["cells"]
+  assert {c["variant"] for c in cells} == {"transformer", "diff", "shared_diff", "diff_v2"}
+  assert {c["path"] for c in cells} == {"reference", "xla", "pallas", "cudnn"}
+  assert {(c["layout"], c["packed"]) for c in cells} == {("mha", False), ("gqa", False),
+                                                         ("gqa", True)}
+  assert all(c["ok"] for c in cells), [c for c in cells if not c["ok"]][:2]
+  grads = {name for c in cells if c["variant"] == "diff" for name in c["errors"]}
+  assert grads == {"out", "q1", "k1", "v", "q2", "k2", "lam"}  # every input's gradient checked
+  worst = results["correctness"]["worst_by_path_and_dtype"]
+  assert all(0 < worst[p]["float32"]["worst"] < 1e-4 for p in worst)
+
+
+def test_kernel_train_and_decode_stages_measure_every_variant(results):
+  summary = results["kernels"]["summary"]
+  assert {r["variant"] for r in summary} == {"transformer", "diff", "shared_diff", "diff_v2"}
+  assert all(r["fastest_ms"] > 0 for r in summary)
+  train = [c for c in results["train"]["cells"] if "tokens_per_s" in c]
+  assert {(c["variant"], c["kernel"]) for c in train} >= {(v, "auto") for v in
+                                                           ("transformer", "diff", "diff_v2")}
+  orbax = results["train"]["orbax"]
+  assert orbax["losses_after_restore"] == orbax["losses_after_save"], orbax
+  decode = results["decode"]["cells"]
+  assert len(decode) == 8 and all(c["decode_tokens_per_s"] > 0 for c in decode)

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# The GPU check (benchmarks/gpu_check.py): every stage in its own process under its own time cap,
+# so a crash or a hang in one stage leaves the others' JSON in the output folder.
+#
+#   bash tools/gpu_check.sh --fetch-wheels   # here (with pip access): the packages the GPU image
+#                                            # lacks, as Python 3.12 wheels, into .whl/
+#   bash tools/gpu_check.sh [--part 1|2] [OUT]  # on the GPU machine (default OUT: $OUT or
+#                                            # benchmarks/results); installs .whl/ with --no-deps
+#   GPU_CHECK_STAGES="kernels:150:--lengths=4096,8192+--tag=_long" bash tools/gpu_check.sh OUT
+#                                            # chosen stages, caps and arguments
+#   bash tools/gpu_check.sh --cpu [OUT]      # tiny shapes, Pallas interpreted, on any machine
+#
+# The GPU image's own jax, flax, optax, orbax and numpy are used as they are: no pip resolution
+# (its jax is newer than setup.py's range); the project runs from PYTHONPATH.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+WHEELS=(grain==0.2.18 array-record==0.8.6 ml-collections==1.1.0 tensorboardX==2.6.5 portpicker==1.6.0)
+if [[ "${1:-}" == "--fetch-wheels" ]]; then
+  exec python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+    --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
+    --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl "${WHEELS[@]}"
+fi
+MODE=()
+# Stage caps in seconds. Compiling dominates on the GPU (measured on an H200: 12 attention
+# programs 46 s, 16 train steps 61 s, 16 decode programs 40 s), so the stages take two calls of
+# about 5.5 minutes: --part 1 and --part 2.
+CAPS=(env:20 decode:120 correctness:170 kernels:150 train:150 tests:60)
+case "${1:-}" in
+  --part) [[ "$2" == 1 ]] && CAPS=("${CAPS[@]:0:3}") || CAPS=("${CAPS[@]:3}"); shift 2 ;;
+esac
+if [[ "${1:-}" == "--cpu" ]]; then
+  MODE=(--cpu); shift
+  CAPS=(env:120 correctness:240 kernels:240 train:240 decode:240 tests:10)
+fi
+if [[ -n "${GPU_CHECK_STAGES:-}" ]]; then  # e.g. "correctness:100 decode:60" for a rerun
+  read -r -a CAPS <<< "$GPU_CHECK_STAGES"
+fi
+OUT_DIR="${1:-${OUT:-benchmarks/results}}"
+mkdir -p "$OUT_DIR"
+PYTHON="${PYTHON:-python3}"
+if [[ ${#MODE[@]} -eq 0 && -d .whl ]]; then
+  SITE="$(mktemp -d)/site"
+  "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" \
+    .whl/*.whl || exit 1
+  export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+export JAX_COMPILATION_CACHE_DIR="${JAX_COMPILATION_CACHE_DIR:-/tmp/gpu_check_jax_cache}"
+export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 TF_CPP_MIN_LOG_LEVEL=2
+for entry in "${CAPS[@]}"; do
+  # stage:seconds[:ARG+ARG...], e.g. kernels:150:--lengths=4096,8192+--tag=_long
+  IFS=: read -r stage cap extra <<< "$entry"
+  IFS=+ read -r -a EXTRA <<< "${extra:-}"
+  flags="${XLA_FLAGS:-}"
+  # Correctness compiles many programs and times none (on an H200 compiling, not running, took
+  # most of that stage), so XLA need not autotune its GEMMs there.
+  [[ "$stage" == correctness ]] && flags="$flags --xla_gpu_autotune_level=0"
+  XLA_FLAGS="$flags" timeout --kill-after=10 "$cap" "$PYTHON" benchmarks/gpu_check.py \
+    --stage "$stage" --out "$OUT_DIR" --seconds "$cap" "${MODE[@]}" "${EXTRA[@]}"
+  echo "== $stage exit status $?"
+done
