@@ -83,15 +83,17 @@ def main(argv):
   root = paths.output_dir(FLAGS.root or Path("runs") / "studies" / study.name, "--root")
   results = paths.output_dir(FLAGS.results, "--results") if FLAGS.results else root
   with contextlib.ExitStack() as held:  # one driver per root (and per results directory)
-    for folder in dict.fromkeys((root, results)):
-      held.enter_context(launch.holding(folder, "study.py"))
+    held_flags = {root: "--root"} | ({results: "--results"} if results != root else {})
+    for folder, flag in held_flags.items():
+      held.enter_context(launch.holding(folder, "study.py", flag))
     status, grid = runner.run(study, FLAGS.study, root, results, jobs=FLAGS.jobs,
                               train=not FLAGS.report_only, retrain=FLAGS.retrain_changed)
     runs = runner.collect(study, results, grid)
     missing = [p for p in study.points() if p not in {r["point"] for r in runs}]
     ran = sum(s.startswith("ran") for s in status.values())
-    invocations = report.record_invocation(results, command(), time.perf_counter() - start, ran)
-    result = report.build(study, runs, grid, missing, invocations)
+    origin = report.provenance(results, command(), time.perf_counter() - start, ran,
+                               rebuild=FLAGS.report_only)
+    result = report.build(study, runs, grid, missing, origin)
     report.write_json(result, results)
     path = markdown.write(result, results)
   print(f"{len(runs)} runs ({ran} trained now); report: {path}")

@@ -115,14 +115,14 @@ def _stopped() -> Stopped:
 
 
 @contextlib.contextmanager
-def holding(root: str | os.PathLike, program: str):
+def holding(root: str | os.PathLike, program: str, flag: str = "--root"):
   """One driver per root: a second study.py or sweep.py on it is refused up front, in one line
-  naming the holder, before it trains or writes anything (the kernel frees the lock of a driver
-  that died)."""
-  lock = WorkdirLock(Path(root), DRIVER_LOCK, "--root", f"another {program}")
+  naming the holder (the program its lock names, pid, since when) and the flag, before it trains
+  or writes anything (the kernel frees the lock of a driver that died)."""
+  lock = WorkdirLock(Path(root), DRIVER_LOCK, flag, f"another {program}", program=program)
   notice = lock.acquire()
   if notice:
-    print(f"note: --root {root}: {notice}", flush=True)
+    print(f"note: {flag} {root}: {notice}", flush=True)
   try:
     yield
   finally:

@@ -9,6 +9,24 @@ from pathlib import Path
 from diff_transformer.errors import UserError
 
 
+def write_atomic(path: str | Path, text: str) -> Path:
+  """Writes `path` through a temp file and a rename: a kill or a full disk mid-write leaves the
+  old file (or none), never half of the new one. A write the file system refuses (full, read
+  only) is one UserError naming the file; its temp file is removed."""
+  path = Path(path)
+  tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+  try:
+    tmp.write_text(text)
+    os.replace(tmp, path)
+  except BaseException as e:
+    tmp.unlink(missing_ok=True)
+    if isinstance(e, OSError):
+      raise UserError(f"{path}: could not be written ({e.strerror or e}); the previous version, if "
+                      "any, is unchanged") from None
+    raise
+  return path
+
+
 def output_dir(path: str | Path, flag: str, error: type[UserError] = UserError) -> Path:
   """The directory a program writes to, created and probed before any work: an impossible or
   unwritable path is one `error` naming the flag, the path and the reason."""

@@ -19,31 +19,39 @@ def _version(package: str) -> str | None:
     return None
 
 
-def _git(*args: str) -> str | None:
+def _git(checkout: Path, *args: str) -> str | None:
   try:
-    out = subprocess.run(["git", "-C", str(CHECKOUT), *args], capture_output=True, text=True,
+    out = subprocess.run(["git", "-C", str(checkout), *args], capture_output=True, text=True,
                          timeout=20)
   except (OSError, subprocess.SubprocessError):
     return None
   return out.stdout.strip() if out.returncode == 0 else None
 
 
+# Untracked files that are code a run may import or run: the package, the configs, the programs.
+CODE_PATHS = (":(glob)diff_transformer/**/*.py", ":(glob)configs/**/*.py", ":(glob)*.py")
+
+
 @functools.cache
-def code_version() -> dict:
-  """{project, commit, dirty, libraries}; commit and dirty are None outside a git checkout (an
-  installed wheel)."""
-  commit = _git("rev-parse", "HEAD") if (CHECKOUT / ".git").exists() else None
-  dirty = None
+def code_version(checkout: Path = CHECKOUT) -> dict:
+  """{project, commit, dirty, untracked, libraries}; commit and dirty are None outside a git
+  checkout (an installed wheel). Changes to tracked files make the checkout dirty, and so do
+  untracked .py files under the package, the configs or beside the programs (listed)."""
+  commit = _git(checkout, "rev-parse", "HEAD") if (checkout / ".git").exists() else None
+  dirty, untracked = None, []
   if commit:
-    status = _git("status", "--porcelain", "--untracked-files=no")
-    dirty = None if status is None else bool(status)
+    status = _git(checkout, "status", "--porcelain", "--untracked-files=no")
+    others = _git(checkout, "ls-files", "--others", "--exclude-standard", "--", *CODE_PATHS)
+    untracked = sorted(others.splitlines()) if others else []
+    dirty = None if status is None else bool(status) or bool(untracked)
   return dict(project=_version("diff-transformer"), commit=commit, dirty=dirty,
-              libraries={name: _version(name) for name in LIBRARIES})
+              untracked=untracked, libraries={name: _version(name) for name in LIBRARIES})
 
 
 def same_code(a: dict, b: dict) -> bool:
   keys = ("project", "commit", "dirty", "libraries")
-  return all(a.get(k) == b.get(k) for k in keys)
+  return (all(a.get(k) == b.get(k) for k in keys)
+          and (a.get("untracked") or []) == (b.get("untracked") or []))  # older records: none
 
 
 def label(version: dict | None) -> str:

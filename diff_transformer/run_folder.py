@@ -21,6 +21,7 @@ import os
 from pathlib import Path
 
 from diff_transformer.errors import UserError, read_json
+from diff_transformer.paths import write_atomic
 
 CONFIG = "config.json"
 CODE_VERSION = "code_version.json"
@@ -65,9 +66,7 @@ class RunFolder:
 
   def write_summary(self, summary: dict) -> None:
     """Atomically: a kill leaves either no summary or the whole one."""
-    tmp = self.path / (SUMMARY + ".tmp")
-    tmp.write_text(json.dumps(summary, indent=1))
-    os.replace(tmp, self.summary)
+    write_atomic(self.summary, json.dumps(summary, indent=1))
 
   def metric_rows(self) -> list[dict]:
     """Every row of the metrics log, in order (empty before the first)."""

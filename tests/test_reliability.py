@@ -20,8 +20,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from diff_transformer.errors import UserError, message_lines
+from diff_transformer.training.restore import restore_model
 from tests.helpers.runs import (ROOT, assert_one_clear_line, env, logged_step, losses,
-                                refused_here, train_here, tree_digest)
+                                refused_here, tiny_flags, train_cmd, train_here, tree_digest)
 
 
 def run_program(script: str, *args: str, cwd: Path = ROOT, timeout: float = 300
@@ -359,3 +361,25 @@ def test_lm_eval_adapter_refuses_what_it_cannot_serve_in_one_line(tmp_path, args
     check_model_args(["--model_args", args.format(**paths), "--tasks", "piqa"])
   assert message.format(**paths) in str(e.value) and "\n" not in str(e.value)
   check_model_args([f"--model_args=workdir={paths['run']},step=8,batch_size=4"])  # servable
+
+
+def test_a_reader_during_training_gets_a_committed_step_or_one_line(corpus, tmp_path):
+  """eval.py's restore, over and over while train.py checkpoints every step and keeps two: each
+  read is a committed step, or a one-line refusal; never a half-written checkpoint."""
+  workdir = tmp_path / "run"
+  flags = tiny_flags(corpus, **{"train.steps": 60, "train.checkpoint_every": 1,
+                                "train.max_to_keep": 2, "train.eval_every": 100})
+  proc = subprocess.Popen(train_cmd(workdir, flags), cwd=ROOT, env=env(),
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  read, refused = [], []
+  while proc.poll() is None:
+    if not list(workdir.glob("checkpoints/[0-9]*")):
+      continue
+    try:
+      read.append(restore_model(workdir)[2])
+    except UserError as e:
+      refused.append(message_lines(e))
+  assert proc.returncode == 0, proc.stderr.read()[-3000:]
+  assert read, "no read landed while the run trained"
+  assert all(len(lines) == 1 for lines in refused), refused
+  assert restore_model(workdir)[2] == 60 and read == sorted(read)

@@ -163,8 +163,9 @@ def test_quick_study_runs_end_to_end_and_resumes(tmp_path):
   status, grid_again = runner.run(tiny, str(file), root)
   assert status == {p: "recorded" for p in tiny.grid_points() + tiny.points()}
   assert grid_again == data["lr_grid"]
+  origin = {k: data["study"][k] for k in ("command", "wall_seconds", "invocations", "machine")}
   rebuilt = report.strict(report.build(tiny, runner.collect(tiny, root, grid_again), grid_again,
-                                       [], data["study"]["invocations"]))
+                                       [], origin))
   assert json.loads(json.dumps(rebuilt["runs"])) == data["runs"]
   assert rebuilt["paired"] == data["paired"] and rebuilt["summary"] == data["summary"]
   # Each invocation's time is kept (4 runs + 4 grid runs trained by the first), and a resumed

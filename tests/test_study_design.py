@@ -190,7 +190,8 @@ def test_a_text_study_report_says_what_it_resolves_and_drops_an_ar_hit_split_wit
   ar_hit = 0.5 if copies else 0.9  # below or above the n-gram model's 0.8
   runs = [_text_run("transformer", s, 1.60 + 0.01 * s, ar_hit) for s in range(3)]
   runs += [_text_run("diff", s, 1.62 + 0.02 * s, ar_hit) for s in range(3)]
-  result = report.build(study, runs, {}, [], [dict(command="c", wall_seconds=1.0)])
+  result = report.build(study, runs, {}, [], dict(command="c", wall_seconds=1.0, invocations=[],
+                                                  machine="m"))
   text = markdown.write(result, tmp_path).read_text()
   sd = float(np.std([0.01 * s + 0.02 for s in range(3)], ddof=1))  # paired differences
   assert "**What this design can resolve**: with 3 seeds and 1 comparison (Holm)" in text

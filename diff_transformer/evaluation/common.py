@@ -4,7 +4,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 from pathlib import Path
 
 import jax
@@ -14,6 +13,7 @@ from flax import nnx
 
 from diff_transformer.errors import EvalError
 from diff_transformer.model.attention import Attention
+from diff_transformer.paths import write_atomic
 from diff_transformer.training.loss import token_nll
 
 Array = jax.Array
@@ -156,11 +156,7 @@ def batched(items: list, size: int):
 
 def write_json(out_dir: Path, name: str, obj: dict) -> Path:
   out_dir.mkdir(parents=True, exist_ok=True)
-  path = out_dir / f"{name}.json"
-  tmp = path.with_suffix(".json.tmp")  # a kill mid-write leaves the old file or none, never half
-  tmp.write_text(json.dumps(obj, indent=2, default=_jsonable) + "\n")
-  os.replace(tmp, path)
-  return path
+  return write_atomic(out_dir / f"{name}.json", json.dumps(obj, indent=2, default=_jsonable) + "\n")
 
 
 def _jsonable(x):

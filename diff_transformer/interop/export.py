@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from diff_transformer.data import synthetic
 from diff_transformer.interop import InteropError, require, weights
 from diff_transformer.interop.hf_tokenizer import hf_tokenizer
 from diff_transformer.model.spec import ModelSpec
@@ -26,10 +27,13 @@ REMOTE_FILES = ("configuration_diff_v2.py", "modeling_diff_v2.py")
 EXPORT_RECORD = "diff_transformer_export.json"
 
 
-def check_export(spec: ModelSpec, record: dict, out: Path, workdir: Path):
+def check_export(spec: ModelSpec, record: dict, out: Path, workdir: Path, task: str = ""):
   """Everything that can refuse an export, in one line, before any checkpoint is read; returns
-  the run's tokenizer as a transformers tokenizer (for write_folder)."""
+  the run's tokenizer as a transformers tokenizer (for write_folder). `task`: the run's
+  data.name (a synthetic task has no text to export a tokenizer for)."""
   weights.check_exportable(spec)
+  if task in synthetic.TASKS:
+    raise InteropError(f"--workdir {workdir}: " + synthetic.no_text_tokenizer(task, workdir))
   require("transformers", "safetensors", "torch")
   if out.exists() and (not out.is_dir() or any(out.iterdir())):
     raise InteropError(f"--out: {out} exists and is not an empty folder")

@@ -37,9 +37,8 @@ def check_model_args(argv: list[str]) -> None:
                        f"{folder.config.name} or {folder.checkpoints.name}/)")
     data = json.loads(folder.config.read_text()).get("data", {})
     if data.get("name") in synthetic.TASKS:
-      raise ValueError(f"--model_args workdir={workdir}: trained on the synthetic task "
-                       f"'{data['name']}', which has no text tokenizer; evaluate it with "
-                       f"`python eval.py --workdir {workdir}`")
+      raise ValueError(f"--model_args workdir={workdir}: "
+                       + synthetic.no_text_tokenizer(data["name"], workdir))
     step = fields.get("step", "")
     steps = folder.checkpoint_steps()
     if step and (not step.isdigit() or int(step) not in steps):

@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 from diff_transformer.evaluation import floors
+from diff_transformer.paths import write_atomic
 from diff_transformer.study import opening, plots, text_report
 from diff_transformer.study.cells import diff, num, pm, table
 from diff_transformer.study.definition import BASELINE
@@ -145,5 +146,5 @@ def write(result: dict, root: Path) -> Path:
               [""] + _speed_notes(result) + _text_tables(result, root) +
               _secondary(result, [m for m in metrics if m != primary]))
   path = root / "report.md"
-  path.write_text("\n".join(lines))
+  write_atomic(path, "\n".join(lines))
   return path

@@ -86,6 +86,10 @@ def header(result: dict, first: list[str] = ()) -> list[str]:
       f"Command: `{info['command']}`", "",
       f"Wall time of this invocation: {info['wall_seconds'] / 60:.1f} min on "
       f"{info['machine']}; the runs' own training time, summed: {minutes:.1f} min."]
+  if info.get("rebuilt"):
+    r = info["rebuilt"]
+    lines += [f"This report was rebuilt from the run records ({r['time']}, {r['machine']}: "
+              f"`{r['command']}`); the runs and the lines above are the training invocations'."]
   calls = info.get("invocations") or []
   if len(calls) > 1:  # a resumed study: finished runs were skipped by the later invocations
     lines += ["Invocations on this root, in order: " + "; ".join(

@@ -5,7 +5,10 @@ continue on another machine without retraining its finished runs.
 
 A record is reused only for the very setting a point would train with now
 (run_record.setting); a record under another setting is never taken for the point, and is kept
-aside (records/<point>.json.replaced-<time>) when the point's new run records.
+aside (records/<point>.json.replaced-<time>) when the point's new run records. A damaged record
+(not UTF-8 JSON, not an object, or without the keys every record has) is never trusted: it is
+named in one warning line, rebuilt from the point's workdir or retrained like a missing one, and
+kept aside (records/<point>.json.damaged-<time>) when the new record is written.
 """
 from __future__ import annotations
 
@@ -16,10 +19,13 @@ from pathlib import Path
 
 import ml_collections
 
+from diff_transformer.paths import write_atomic
 from diff_transformer.training.run_record import differences, setting
 
 RECORDS = "records"
 GRID = "lr_grid"
+# Keys every record has ({grid: keys}): what the grid and the report read without checking.
+REQUIRED = {True: ("point", "setting", "lr", "seed"), False: ("point", "setting", "variant", "seed")}
 
 
 def path(results: Path, point: str, grid: bool = False) -> Path:
@@ -32,28 +38,39 @@ def write(results: Path, point: str, record: dict, config: ml_collections.Config
   record = dict(point=point, **record, setting=setting(config))
   target = path(results, point, grid)
   target.parent.mkdir(parents=True, exist_ok=True)
-  old = _load(target)
-  if old is not None and differences(record["setting"], old.get("setting", {})):
-    os.replace(target, target.with_name(f"{target.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}"))
-  tmp = target.with_suffix(".json.tmp")
-  tmp.write_text(json.dumps(record, indent=None, separators=(",", ":")) + "\n")
-  os.replace(tmp, target)
+  old = _load(target, grid, quiet=True)
+  if target.is_file() and (old is None or differences(record["setting"], old["setting"])):
+    kind = "damaged" if old is None else "replaced"
+    os.replace(target, target.with_name(f"{target.name}.{kind}-{time.strftime('%Y%m%d-%H%M%S')}"))
+  write_atomic(target, json.dumps(record, indent=None, separators=(",", ":")) + "\n")
   return record
 
 
 def read(results: Path, point: str, config: ml_collections.ConfigDict, grid: bool = False
          ) -> dict | None:
   """The point's record if there is one for exactly this setting, else None."""
-  record = _load(path(results, point, grid))
-  if record is None or differences(setting(config), record.get("setting", {})):
+  record = _load(path(results, point, grid), grid)
+  if record is None or differences(setting(config), record["setting"]):
     return None
   return record
 
 
-def _load(target: Path) -> dict | None:
+def _load(target: Path, grid: bool, quiet: bool = False) -> dict | None:
+  """The record, or None when there is none or it is damaged (named in one line unless quiet)."""
   if not target.is_file():
     return None
   try:
-    return json.loads(target.read_text())
-  except json.JSONDecodeError:
-    return None  # a damaged record is retrained, never trusted
+    record = json.loads(target.read_bytes().decode("utf-8"))
+  except (UnicodeDecodeError, json.JSONDecodeError, OSError) as e:
+    why = f"unreadable ({type(e).__name__})"
+  else:
+    missing = [] if not isinstance(record, dict) else [
+        k for k in REQUIRED[grid] if k not in record]
+    if isinstance(record, dict) and not missing and isinstance(record["setting"], dict):
+      return record
+    why = (f"a JSON {type(record).__name__}, not a record" if not isinstance(record, dict) else
+           f"missing {', '.join(missing) or 'a setting object'}")
+  if not quiet:
+    print(f"warning: {target}: damaged record ({why}); it is rebuilt from its workdir or "
+          "retrained, and kept aside when the new one is written", flush=True)
+  return None

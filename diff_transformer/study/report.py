@@ -12,6 +12,7 @@ from pathlib import Path
 
 from diff_transformer.data import synthetic
 from diff_transformer.evaluation import floors
+from diff_transformer.paths import write_atomic
 from diff_transformer.study.definition import BASELINE, Study
 from diff_transformer.study.stats import (censored_median, holm, min_p, paired, paired_censored,
                                           summarize)
@@ -110,9 +111,8 @@ def compare(study: Study, runs: list[dict]) -> dict:
 
 
 def build(study: Study, runs: list[dict], grid: dict, missing: list[str],
-          invocations: list[dict]) -> dict:
-  """study.json's content; `invocations` (record_invocation) ends with this one, whose command
-  and wall time the report names."""
+          origin: dict) -> dict:
+  """study.json's content; `origin` (provenance()) names what trained the runs."""
   variants = [v for v in study.variants if any(r["variant"] == v for r in runs)]
   summary = {}
   for v in variants:
@@ -129,9 +129,7 @@ def build(study: Study, runs: list[dict], grid: dict, missing: list[str],
               min_p=min_p(len(study.seeds)), task=config.data.name,
               seq_len=config.data.seq_len, steps=config.train.steps,
               batch=config.train.global_batch_size, overrides=dict(study.overrides),
-              eval_rows=study.eval_rows, command=invocations[-1]["command"],
-              wall_seconds=invocations[-1]["wall_seconds"], invocations=list(invocations),
-              machine=f"{platform.machine()}, {_cpu_name()}, {_cores()} cores")
+              eval_rows=study.eval_rows, **origin)
   info["code_versions"] = code_versions(runs)
   if study.is_task:
     info.update(task_params=synthetic.task_spec(config.data).settings(),
@@ -176,21 +174,64 @@ def strict(x):
   return x
 
 
+def provenance(root: Path, command: str, seconds: float, trained: int, rebuild: bool) -> dict:
+  """What study.json says about where its runs come from. An invocation that may train appends
+  itself to <root>/invocations.jsonl and names this machine; a rebuild from the records
+  (--report_only) changes neither: it keeps the command, wall time and machine of the study.json
+  it replaces and names itself apart, under `rebuilt`."""
+  if not rebuild:
+    calls = record_invocation(root, command, seconds, trained)
+    return dict(command=calls[-1]["command"], wall_seconds=calls[-1]["wall_seconds"],
+                invocations=calls, machine=this_machine())
+  calls = read_invocations(root)
+  before = _previous_study(root)
+  last = calls[-1] if calls else dict(command="not recorded", wall_seconds=0.0)
+  return dict(command=before.get("command", last["command"]),
+              wall_seconds=before.get("wall_seconds", last["wall_seconds"]), invocations=calls,
+              machine=before.get("machine", "not recorded"),
+              rebuilt=dict(command=command, machine=this_machine(),
+                           time=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())))
+
+
+def this_machine() -> str:
+  return f"{platform.machine()}, {_cpu_name()}, {_cores()} cores"
+
+
+def _previous_study(root: Path) -> dict:
+  try:
+    study = json.loads((root / "study.json").read_text())["study"]
+    return study if isinstance(study, dict) else {}
+  except (OSError, ValueError, KeyError, TypeError):
+    return {}
+
+
+def read_invocations(root: Path) -> list[dict]:
+  """The invocations recorded on this root, oldest first (damaged lines are skipped)."""
+  path = root / "invocations.jsonl"
+  calls = []
+  for line in (path.read_text(errors="replace").splitlines() if path.is_file() else []):
+    try:
+      call = json.loads(line)
+    except ValueError:
+      continue
+    if isinstance(call, dict) and {"command", "wall_seconds", "trained"} <= set(call):
+      calls.append(call)
+  return calls
+
+
 def record_invocation(root: Path, command: str, seconds: float, trained: int) -> list[dict]:
-  """Appends this invocation to <root>/invocations.jsonl and returns them all: a study resumed
-  over several invocations reports the time each took, not only the last one's."""
+  """Adds this invocation to <root>/invocations.jsonl (rewritten whole, atomically) and returns
+  them all: a study resumed over several invocations reports the time each took."""
   root.mkdir(parents=True, exist_ok=True)
-  with open(root / "invocations.jsonl", "a") as f:
-    f.write(json.dumps(dict(command=command, wall_seconds=round(seconds, 1), trained=trained,
-                            finished=round(time.time()))) + "\n")
-  return [json.loads(l) for l in (root / "invocations.jsonl").read_text().splitlines() if l]
+  calls = read_invocations(root) + [dict(command=command, wall_seconds=round(seconds, 1),
+                                         trained=trained, finished=round(time.time()))]
+  write_atomic(root / "invocations.jsonl", "".join(json.dumps(c) + "\n" for c in calls))
+  return calls
 
 
 def write_json(result: dict, root: Path) -> Path:
   root.mkdir(parents=True, exist_ok=True)
-  path = root / "study.json"
-  path.write_text(json.dumps(strict(result), indent=1) + "\n")
-  return path
+  return write_atomic(root / "study.json", json.dumps(strict(result), indent=1) + "\n")
 
 
 def _cpu_name() -> str:

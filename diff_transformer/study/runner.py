@@ -12,6 +12,7 @@ from diff_transformer import launch, params
 from diff_transformer.data import synthetic
 from diff_transformer.evaluation import Settings, evaluate, floors
 from diff_transformer.model.spec import ModelSpec
+from diff_transformer.paths import write_atomic
 from diff_transformer.run_folder import RunFolder
 from diff_transformer.study import grid as lr_grid
 from diff_transformer.study import records, run_metrics
@@ -59,7 +60,7 @@ def run(study: Study, study_file: str, root: str | Path, results: str | Path | N
       found = {p: records.read(results, p, study.get_config(p), grid=True) for p in points}
       return {p: r for p, r in found.items() if r is not None}
     grid = lr_grid.tune(study, run_grid, trained_floor(study))
-    (results / "lr_grid.json").write_text(json.dumps(grid, indent=1) + "\n")
+    write_atomic(results / "lr_grid.json", json.dumps(grid, indent=1) + "\n")
   lrs = point_lrs(study, grid)
   # every grid lr failed: nothing to compare these cells at
   skipped = [p for p in study.points() if grid and lrs[p] is None]

@@ -48,11 +48,26 @@ class Checkpointer:
         max_to_keep=int(t.max_to_keep) if t else None,
         enable_async_checkpointing=not read_only, create=not read_only, read_only=read_only,
         cleanup_tmp_directories=not read_only)  # half-written temp dirs of killed runs go away
-    self.manager = ocp.CheckpointManager(self.directory, options=self.options)
+    self.manager = self._open()
     self._pending: int | None = None  # the step of an async save not yet known to be committed
     self._failed = False  # orbax re-raises a failed save on every later wait: report it once
     self._errors = OrbaxErrorCatcher()
     logging.getLogger("absl").addFilter(self._errors)
+
+  def _open(self) -> ocp.CheckpointManager:
+    """The orbax manager. A reader lists the steps while the run that trains there may delete
+    old ones (max_to_keep): a step that vanishes while listed is listed again, and a listing that
+    keeps changing is one line."""
+    for _ in range(20):
+      try:
+        return ocp.CheckpointManager(self.directory, options=self.options)
+      except FileNotFoundError as e:
+        if not self.options.read_only:
+          raise
+        vanished = e
+        time.sleep(0.05)
+    raise TrainError(f"{self.directory}: its checkpoints kept changing while being listed "
+                     f"({one_line(vanished)}); a run is saving there: try again")
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()

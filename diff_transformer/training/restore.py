@@ -57,6 +57,6 @@ def export_run(workdir: str | Path, out: str | Path, step: int | None = None) ->
                        "training workdir")
   spec = ModelSpec.from_config(config.model)
   record = read_json(workdir / TOKENIZER_RECORD, InteropError)
-  tokenizer = check_export(spec, record, out, workdir)
+  tokenizer = check_export(spec, record, out, workdir, task=config.data.name)
   model, _, step = restore_model(workdir, step=step)
   return write_folder(model, spec, record, tokenizer, workdir, out, step)

@@ -27,13 +27,14 @@ def prepare_workdir(workdir: Path) -> None:
   output_dir(workdir, "--workdir", TrainError)
 
 
-def _owner(text: str) -> str:
+def _owner(text: str) -> tuple[str | None, str]:
+  """(the holding program as its lock file names it, or None; pid, host and start)."""
   try:
     info = json.loads(text)
     started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info["started"]))
-    return f"pid {info['pid']} on {info['host']}, started {started}"
-  except (ValueError, KeyError, TypeError):
-    return "an unknown process"
+    return info.get("program"), f"pid {info['pid']} on {info['host']}, started {started}"
+  except (ValueError, KeyError, TypeError, AttributeError):
+    return None, "an unknown process"
 
 
 class WorkdirLock:
@@ -41,8 +42,9 @@ class WorkdirLock:
   drivers (study.py, sweep.py) hold their --root the same way, under another file name."""
 
   def __init__(self, workdir: Path, name: str = LOCK_FILE, flag: str = "--workdir",
-               holder: str = "another training run"):
+               holder: str = "another training run", program: str | None = None):
     self.workdir, self.name, self.flag, self.holder = Path(workdir), name, flag, holder
+    self.program = program  # a driver's name, written into the lock: refusals name the holder
     self.path = self.workdir / name
     self._file = None
 
@@ -57,10 +59,11 @@ class WorkdirLock:
       fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:
       f.seek(0)
-      owner = _owner(f.read())
+      program, owner = _owner(f.read())
       f.close()
       if e.errno in (errno.EAGAIN, errno.EACCES):
-        raise TrainError(f"{self.flag} {self.workdir}: {self.holder} holds it ({owner}); "
+        holder = f"another {program}" if program else self.holder
+        raise TrainError(f"{self.flag} {self.workdir}: {holder} holds it ({owner}); "
                          f"wait for it to end or use another {self.flag}") from None
       raise TrainError(f"{self.flag} {self.workdir}: cannot lock {self.name} ({e.strerror})"
                        ) from None
@@ -69,7 +72,8 @@ class WorkdirLock:
     try:
       f.seek(0)
       f.truncate()
-      f.write(json.dumps(dict(pid=os.getpid(), host=socket.gethostname(), started=time.time())))
+      owner = dict(pid=os.getpid(), host=socket.gethostname(), started=time.time())
+      f.write(json.dumps(owner | ({"program": self.program} if self.program else {})))
       f.flush()
     except OSError as e:
       f.close()
@@ -77,7 +81,9 @@ class WorkdirLock:
                        ) from None
     self._file = f
     if previous:
-      return f"took over the stale lock of a run that ended without releasing it ({_owner(previous)})"
+      program, owner = _owner(previous)
+      return (f"took over the stale lock of {program or 'a run'} that ended without releasing it "
+              f"({owner})")
     return None
 
   def release(self) -> None:

@@ -1,0 +1,200 @@
+"""Study records and provenance under damage: damaged records are named and rebuilt, a rebuild
+keeps the training provenance, refusals name the real holder and flag, files are published
+atomically, untracked code makes a checkout dirty, export names what a synthetic run lacks."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from configs import synthetic as synthetic_configs
+from diff_transformer import cli, launch, paths, provenance, run_folder
+from diff_transformer.errors import UserError
+from diff_transformer.study import records
+from diff_transformer.training.restore import export_run
+from diff_transformer.training.workdir import WorkdirLock
+from tests.helpers.studies import TINY_STUDY
+
+ROOT = Path(__file__).resolve().parents[1]
+DAMAGE = {  # what a damaged record holds -> the words of its warning
+    "not_utf8": (b"\xff\xfe\x00{", "unreadable (UnicodeDecodeError)"),
+    "not_an_object": (b"[1, 2, 3]", "a JSON list, not a record"),
+    "keys_missing": (b'{"point": "p"}', "missing setting, variant, seed"),
+}
+
+
+def _config():
+  return synthetic_configs.get_config("transformer-mqar_plain")
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+@pytest.mark.parametrize("grid", [False, True])
+def test_a_damaged_record_is_named_and_kept_aside_when_rebuilt(tmp_path, capsys, damage, grid):
+  config = _config()
+  fields = dict(lr=1e-3, seed=0) if grid else dict(variant="transformer", seed=0)
+  records.write(tmp_path, "p", fields, config, grid=grid)
+  assert records.read(tmp_path, "p", config, grid=grid)["seed"] == 0
+  content, words = DAMAGE[damage]
+  if grid and damage == "keys_missing":
+    words = "missing setting, lr, seed"
+  target = records.path(tmp_path, "p", grid)
+  target.write_bytes(content)
+  assert records.read(tmp_path, "p", config, grid=grid) is None  # retrained or rebuilt, never trusted
+  out = capsys.readouterr().out
+  assert f"warning: {target}: damaged record ({words})" in out and out.count("\n") == 1
+  records.write(tmp_path, "p", fields, config, grid=grid)  # the rebuilt record
+  assert records.read(tmp_path, "p", config, grid=grid)["seed"] == 0
+  kept = list(target.parent.glob("p.json.damaged-*"))
+  assert len(kept) == 1 and kept[0].read_bytes() == content  # nothing saved is lost
+
+
+def test_report_only_on_damaged_records_keeps_the_provenance_and_names_its_rebuild(tmp_path):
+  """No traceback on damaged records; invocations.jsonl and the training command and machine in
+  study.json stay as they were; the rebuild is named apart, in study.json and report.md."""
+  file = tmp_path / "tiny_study.py"
+  file.write_text(TINY_STUDY)
+  study = cli.load_definition(str(file), "study", "STUDY").validate().quick()
+  results = tmp_path / "results"
+  for i, point in enumerate(study.points()):
+    path = records.path(results, point)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(list(DAMAGE.values())[i % 3][0])
+  invocations = '{"command": "python study.py --study=x", "wall_seconds": 60.0, "trained": 4}\n'
+  (results / "invocations.jsonl").write_text(invocations)
+  (results / "study.json").write_text(json.dumps(dict(study=dict(
+      command="python study.py --study=x", wall_seconds=60.0, machine="the training machine"))))
+  env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
+  proc = subprocess.run([sys.executable, "study.py", f"--study={file}", "--quick",
+                         f"--results={results}", f"--root={tmp_path / 'root'}", "--report_only"],
+                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+  assert proc.stdout.count("damaged record") == len(study.points()), proc.stdout[-2000:]
+  assert (results / "invocations.jsonl").read_text() == invocations
+  info = json.loads((results / "study.json").read_text())["study"]
+  assert info["machine"] == "the training machine"
+  assert info["command"] == "python study.py --study=x" and info["wall_seconds"] == 60.0
+  assert "--report_only" in info["rebuilt"]["command"] and info["rebuilt"]["machine"]
+  assert "This report was rebuilt from the run records" in (results / "report.md").read_text()
+
+
+def test_a_refusal_names_the_real_holder_and_flag(tmp_path):
+  root, results = tmp_path / "root", tmp_path / "results"
+  root.mkdir(), results.mkdir()
+  with launch.holding(root, "study.py"):
+    with pytest.raises(UserError, match=rf"^--root {re.escape(str(root))}: another study\.py holds it "
+                                        rf"\(pid {os.getpid()} "):
+      with launch.holding(root, "sweep.py"):
+        pass
+  with launch.holding(results, "sweep.py"):  # a study.py whose --results another program holds
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
+    file = tmp_path / "tiny_study.py"
+    file.write_text(TINY_STUDY)
+    proc = subprocess.run([sys.executable, "study.py", f"--study={file}", "--quick",
+                           f"--root={root}", f"--results={results}", "--report_only"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+  assert f"--results {results}: another sweep.py holds it (pid {os.getpid()}" in proc.stderr
+  # a training run's workdir lock names no program: the refusal says what holds it in words
+  lock = WorkdirLock(tmp_path / "run")
+  (tmp_path / "run").mkdir()
+  lock.acquire()
+  with pytest.raises(UserError, match="another training run holds it"):
+    WorkdirLock(tmp_path / "run").acquire()
+  lock.release()
+
+
+def test_writes_are_atomic_and_a_refused_write_is_one_line(tmp_path, monkeypatch):
+  target = tmp_path / "study.json"
+  paths.write_atomic(target, "old")
+
+  def killed(*_):  # a kill (or a full disk) between writing the temp file and the rename
+    raise OSError(28, "No space left on device")
+
+  monkeypatch.setattr(os, "replace", killed)
+  with pytest.raises(UserError, match=rf"^{re.escape(str(target))}: could not be written \(No space left on "
+                                      "device\\); the previous version, if any, is unchanged$"):
+    paths.write_atomic(target, "new and longer")
+  monkeypatch.undo()
+  assert target.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["study.json"]
+
+
+def test_untracked_code_makes_the_checkout_dirty_and_is_listed(tmp_path):
+  git = lambda *a: subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=t",
+                                   "-c", "user.email=t@t", *a], check=True, capture_output=True)
+  git("init", "-q")
+  (tmp_path / "train.py").write_text("")
+  git("add", "train.py")
+  git("commit", "-q", "-m", "x")
+  assert provenance.code_version(tmp_path)["dirty"] is False
+  (tmp_path / "diff_transformer").mkdir()
+  (tmp_path / "diff_transformer" / "new_module.py").write_text("")
+  (tmp_path / "notes.txt").write_text("")  # not code: does not count
+  provenance.code_version.cache_clear()
+  version = provenance.code_version(tmp_path)
+  assert version["dirty"] is True and version["untracked"] == ["diff_transformer/new_module.py"]
+  assert provenance.label(version).split(",")[0].endswith("+uncommitted")
+  provenance.code_version.cache_clear()
+
+
+def test_export_of_a_synthetic_task_run_says_what_it_lacks(tmp_path):
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  config = _config()
+  config.model.short_conv = 0  # (a short convolution is refused first: no HF class has one)
+  run_folder.RunFolder(workdir).config.write_text(config.to_json())
+  (workdir / run_folder.TOKENIZER_RECORD).write_text('{"name": "synthetic"}')
+  w = re.escape(str(workdir))
+  with pytest.raises(UserError, match=rf"^--workdir {w}: trained on the synthetic task "
+                                      "'mqar', which has no text tokenizer; evaluate it with "
+                                      rf"`python eval\.py --workdir {w}`$"):
+    export_run(workdir, tmp_path / "out")
+
+
+WRITER = """
+import sys
+from diff_transformer.paths import write_atomic
+for i in range(10**6):
+  write_atomic(sys.argv[1], str(i % 10) * 4_000_000)
+  print(i, flush=True)
+"""
+
+
+def test_a_write_killed_midway_leaves_a_whole_file(tmp_path):
+  """SIGKILL to a process that keeps rewriting a 4 MB file: what is there afterwards is one whole
+  version (one digit, full length), never a mix or a truncated one."""
+  target = tmp_path / "study.json"
+  env = {**os.environ, "PYTHONPATH": str(ROOT)}
+  proc = subprocess.Popen([sys.executable, "-c", WRITER, str(target)], env=env,
+                          stdout=subprocess.PIPE, text=True)
+  for _ in range(3):  # a few whole writes first, so the kill lands between or inside later ones
+    proc.stdout.readline()
+  proc.kill()
+  proc.wait()
+  text = target.read_text()
+  assert len(text) == 4_000_000 and len(set(text)) == 1
+
+
+def test_a_refused_record_write_keeps_the_records_before_it(tmp_path, monkeypatch):
+  """A full disk while a driver writes a record: one line naming the file; the records already
+  written stay readable (the driver stops there: launch.run stops its children and re-raises)."""
+  config = _config()
+  records.write(tmp_path, "a", dict(variant="transformer", seed=0), config)
+  real = Path.write_text
+
+  def full(self, *args, **kwargs):
+    if ".tmp-" in self.name:
+      raise OSError(28, "No space left on device")
+    return real(self, *args, **kwargs)
+
+  monkeypatch.setattr(Path, "write_text", full)
+  with pytest.raises(UserError, match="could not be written \\(No space left on device\\)"):
+    records.write(tmp_path, "b", dict(variant="transformer", seed=1), config)
+  monkeypatch.undo()
+  assert records.read(tmp_path, "a", config)["seed"] == 0
+  assert not records.path(tmp_path, "b").exists()
+  assert not list(records.path(tmp_path, "b").parent.glob(".*tmp*"))
