@@ -1,7 +1,10 @@
 """diff-transformer: differential-attention Transformers in JAX / Flax NNX.
 
-Layout: model/ (decoder, attention variants), kernels/ (reference, xla, pallas), sharding.py,
-data/, training/, evaluation/, config.py; configs/ at the top level holds the presets.
+Layout: model/ (decoder, attention variants and their registry, parameter roles, ModelSpec),
+kernels/ (reference, xla, pallas, cudnn, and auto's choice), sharding.py, config.py, data/,
+training/, evaluation/, run_folder.py and launch.py (a run's files; the child launcher),
+study/ and sweeps/ (the drivers' libraries), interop/ and lm_eval/ (the hf extra); configs/ at
+the top level holds the presets, and the programs (train.py, eval.py, ...) sit beside it.
 """
 import flax
 

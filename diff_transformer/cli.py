@@ -96,7 +96,8 @@ def _unknown_key_text(e: Exception) -> str:
 def _one_line(e: Exception) -> str:
   if isinstance(e, (AttributeError, KeyError)):
     key, *hint = [l.strip() for l in _unknown_key_text(e).splitlines() if l.strip()] or ["?"]
-    hint.append("known keys: diff_transformer/config.py")
+    hint.append("known keys: diff_transformer/config.py (data, train, mesh) and "
+                "diff_transformer/model/spec.py (model)")
     return f"unknown config key {key} ({'; '.join(hint)})"
   return last_line(e)
 

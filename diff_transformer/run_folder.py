@@ -12,7 +12,10 @@
   eval/<suite>.json      evaluation results (eval.py); eval/report.md
   sweep.log              the output of a driver's (sweep.py, study.py) child
 
-Every package reads and writes these through `RunFolder`; no other file names them.
+Training, evaluation and the drivers reach these through `RunFolder`; tests/test_imports.py
+checks that no other package file spells summary.json, train.lock or metrics.jsonl. The
+tokenizer copies are still named by training/run_record.py, and eval/report.md by the
+evaluation report.
 """
 from __future__ import annotations
 

@@ -1,8 +1,11 @@
 """Hugging Face interop (the optional `hf` extra): export a run as a transformers model folder and
 start a run from one.
 
-- `weights`: the exact parameter maps (numpy only) between this codebase and HF Llama/DiffLlama
-  (plus the bundled DIFF V2 modelling file), in both directions.
+- `weights`: which HF architecture a variant maps to (its class's `hf_target`) and the shared
+  checks; one module per target holds its config and its exact parameter maps (numpy only) in
+  both directions: `hf_llama` (LlamaForCausalLM), `hf_diff_llama` (DiffLlamaForCausalLM),
+  `hf_diff_v2` (the bundled modelling files in `remote/`); `hf_common` what they share,
+  `hf_tokenizer` the tokenizer conversion.
 - `export`: `check_export` refuses what cannot be exported exactly; `write_folder` writes a
   restored model's config.json, model.safetensors, generation config and tokenizer files
   (`python export.py` runs training/restore.py `export_run`, which restores and hands over).
