@@ -29,7 +29,7 @@ cli.default_platform()
 from absl import flags, logging  # noqa: E402
 
 from diff_transformer.errors import ConfigError  # noqa: E402
-from diff_transformer.study import markdown, report, runner  # noqa: E402
+from diff_transformer.study import markdown, runner, study_json  # noqa: E402
 from diff_transformer import launch  # noqa: E402
 
 flags.DEFINE_string("study", "configs/studies/retrieval.py", "Study file (defines STUDY).")
@@ -91,10 +91,10 @@ def main(argv):
     runs = runner.collect(study, results, grid)
     missing = [p for p in study.points() if p not in {r["point"] for r in runs}]
     ran = sum(s.startswith("ran") for s in status.values())
-    origin = report.provenance(results, command(), time.perf_counter() - start, ran,
+    origin = study_json.provenance(results, command(), time.perf_counter() - start, ran,
                                rebuild=FLAGS.report_only)
-    result = report.build(study, runs, grid, missing, origin)
-    report.write_json(result, results)
+    result = study_json.build(study, runs, grid, missing, origin)
+    study_json.write_json(result, results)
     path = markdown.write(result, results)
   print(f"{len(runs)} runs ({ran} trained now); report: {path}")
   failed = {p: s for p, s in status.items()

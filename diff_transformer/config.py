@@ -8,6 +8,7 @@ from __future__ import annotations
 import ml_collections
 
 from diff_transformer import kernels
+from diff_transformer.data import synthetic
 from diff_transformer.data.synthetic import task_spec
 from diff_transformer.errors import ConfigError
 from diff_transformer.model.attention import variant_class
@@ -16,7 +17,6 @@ from diff_transformer.model.spec import ModelSpec
 KERNELS = ("auto", *kernels.KERNELS)  # auto: kernels/auto.py picks one per platform and shapes
 REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
 DTYPES = ("float32", "bfloat16")
-SYNTHETIC_TASKS = ("mqar", "needle")
 
 
 def ffn_width(d_model: int, multiple: int = 128, up: bool = False) -> int:
@@ -147,7 +147,7 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   if m.short_conv < 0:
     _fail("model.short_conv", f"must be >= 0 (0 = off), got {m.short_conv}")
   d, t = config.data, config.train
-  if d.name in SYNTHETIC_TASKS:
+  if d.name in synthetic.TASKS:
     if d.task.vocab_size > m.vocab_size:
       _fail("data.task.vocab_size", f"{d.task.vocab_size} exceeds model.vocab_size = "
             f"{m.vocab_size}")

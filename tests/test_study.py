@@ -16,7 +16,7 @@ import pytest
 from diff_transformer import cli
 from diff_transformer.errors import UserError, message_lines
 from diff_transformer.params import heads_for
-from diff_transformer.study import markdown, paired, report, run_metrics, runner, summarize
+from diff_transformer.study import markdown, paired, run_metrics, runner, study_json, summarize
 from diff_transformer.study.definition import Study
 from diff_transformer.study.stats import censored_median, holm, min_p, sign_flip_p
 from tests.helpers.studies import TINY_STUDY
@@ -65,10 +65,10 @@ def test_steps_to_90_keeps_a_run_that_never_reached_it():
   assert not run_metrics.still_rising([(100, 0.9), (300, 0.905)], ceiling=1.0)
   runs = [dict(variant="diff_v2", steps_to_90=t, reached_90=r, still_rising=False)
           for t, r in ((150.0, True), (250.0, True), (300.0, False))]
-  got = report.censoring(runs, "diff_v2")
+  got = study_json.censoring(runs, "diff_v2")
   assert got["reached_90"] == "2/3" and got["steps_to_90_median"] == 250.0
   runs[1].update(steps_to_90=300.0, reached_90=False)  # most never reached: no median
-  assert report.censoring(runs, "diff_v2")["steps_to_90_median"] is None
+  assert study_json.censoring(runs, "diff_v2")["steps_to_90_median"] is None
   assert censored_median([300.0, 100.0, 200.0], [True] * 3) == 200.0
 
 
@@ -79,7 +79,7 @@ def test_informative_slices_use_the_highest_floor():
                                          "accuracy:b": dict(mean=0.60, std=0.1, n=5),
                                          "reached_90": "0/5"}})
   # 0.40 clears random + 0.1 but not the one-key-with-elimination floor + 0.1.
-  assert report.informative_slices(result) == ["b"]
+  assert study_json.informative_slices(result) == ["b"]
 
 
 def study(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
@@ -164,14 +164,14 @@ def test_quick_study_runs_end_to_end_and_resumes(tmp_path):
   assert status == {p: "recorded" for p in tiny.grid_points() + tiny.points()}
   assert grid_again == data["lr_grid"]
   origin = {k: data["study"][k] for k in ("command", "wall_seconds", "invocations", "machine")}
-  rebuilt = report.strict(report.build(tiny, runner.collect(tiny, root, grid_again), grid_again,
-                                       [], origin))
+  runs = runner.collect(tiny, root, grid_again)
+  rebuilt = study_json.strict(study_json.build(tiny, runs, grid_again, [], origin))
   assert json.loads(json.dumps(rebuilt["runs"])) == data["runs"]
   assert rebuilt["paired"] == data["paired"] and rebuilt["summary"] == data["summary"]
   # Each invocation's time is kept (4 runs + 4 grid runs trained by the first), and a resumed
   # study's report lists them all.
   assert [c["trained"] for c in data["study"]["invocations"]] == [8]
-  data["study"]["invocations"] = report.record_invocation(root, "rerun", 0.5, 0)
+  data["study"]["invocations"] = study_json.record_invocation(root, "rerun", 0.5, 0)
   assert [c["trained"] for c in data["study"]["invocations"]] == [8, 3, 0]  # + the retrain
   assert "Invocations on this root, in order: " in markdown.write(data, tmp_path).read_text()
 

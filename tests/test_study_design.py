@@ -16,7 +16,7 @@ from scipy import stats as scipy_stats
 from diff_transformer import cli
 from diff_transformer.errors import UserError, message_lines
 from diff_transformer.study import grid as lr_grid
-from diff_transformer.study import cells, markdown, opening, records, report, run_metrics
+from diff_transformer.study import cells, markdown, opening, records, run_metrics, study_json
 from diff_transformer.study.cells import num
 from diff_transformer.study.stats import paired_censored, seeds_needed, smallest_holm_p
 from diff_transformer.training.run_record import check_setting
@@ -66,7 +66,7 @@ def test_report_compares_a_censored_primary_by_sign_test_and_leaves_others_descr
       runs.append(dict(variant=v, size="", seed=seed, steps_to_90=float(t), reached_90=r,
                        final_loss=1.0 + seed + (v == "diff"), noise_share=0.1 * seed,
                        accuracy={"keys=4,len=192": 0.5}))
-  compared = report.compare(study, runs)["diff"]
+  compared = study_json.compare(study, runs)["diff"]
   primary = compared["steps_to_90"]
   assert primary["family"] == "primary" and primary["censored"] and primary["n_determined"] == 2
   assert primary["p"] == pytest.approx(0.5) and primary["p_holm"] == pytest.approx(0.5)
@@ -190,8 +190,8 @@ def test_a_text_study_report_says_what_it_resolves_and_drops_an_ar_hit_split_wit
   ar_hit = 0.5 if copies else 0.9  # below or above the n-gram model's 0.8
   runs = [_text_run("transformer", s, 1.60 + 0.01 * s, ar_hit) for s in range(3)]
   runs += [_text_run("diff", s, 1.62 + 0.02 * s, ar_hit) for s in range(3)]
-  result = report.build(study, runs, {}, [], dict(command="c", wall_seconds=1.0, invocations=[],
-                                                  machine="m"))
+  origin = dict(command="c", wall_seconds=1.0, invocations=[], machine="m")
+  result = study_json.build(study, runs, {}, [], origin)
   text = markdown.write(result, tmp_path).read_text()
   sd = float(np.std([0.01 * s + 0.02 for s in range(3)], ddof=1))  # paired differences
   assert "**What this design can resolve**: with 3 seeds and 1 comparison (Holm)" in text
@@ -321,6 +321,6 @@ def test_a_run_records_its_code_and_a_study_over_two_versions_says_so(tmp_path, 
   assert [v["step"] for v in versions] == [0, 80] and versions[1]["commit"] == "0" * 40
   # Two runs' records from two commits: the report's first lines say so.
   runs = [dict(code_versions=[provenance.label(now)]), dict(code_versions=[provenance.label(other)])]
-  result = dict(study=dict(code_versions=report.code_versions(runs), seeds=[0]), lr_grid={})
+  result = dict(study=dict(code_versions=study_json.code_versions(runs), seeds=[0]), lr_grid={})
   first = opening.limits(result)[0]
   assert first.startswith("**Runs from 2 code versions**") and "0000000000" in first

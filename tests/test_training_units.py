@@ -8,6 +8,7 @@ import pytest
 from diff_transformer.config import base_config
 from diff_transformer.model.attention import VARIANTS
 from diff_transformer.params import heads_for
+from tests.helpers.variant_table import entry
 
 
 def test_schedule_warmup_then_linear_decay_to_floor():
@@ -24,16 +25,10 @@ def test_schedule_warmup_then_linear_decay_to_floor():
 
 
 TOY = "tests.helpers.toy_variant:FixedLambdaAttention"
-# Every parameter AdamW must not decay with the default decay flags, by variant: the norm gains,
-# the lambdas and the embedding table, written out by hand (a new variant adds its line).
-UNDECAYED = {
-    "transformer": set(),
-    "diff": {"blocks/attn/lambda_q1", "blocks/attn/lambda_k1", "blocks/attn/lambda_q2",
-             "blocks/attn/lambda_k2", "blocks/attn/subln_scale"},
-    "diff_v2": {"blocks/attn/wlambda/kernel"},
-    TOY: {"blocks/attn/out_gain"},
-}
-UNDECAYED["shared_diff"] = UNDECAYED["diff"]
+# The parameters AdamW must not decay with the default decay flags come from the variant table
+# (tests/helpers/variant_table.py `undecayed`: the norm gains and lambdas), written out by hand;
+# the toy variant's here.
+TOY_UNDECAYED = frozenset({"blocks/attn/out_gain"})
 EVERY_VARIANT_HAS = {"embed/embedding", "final_norm/scale", "blocks/attn_norm/scale",
                      "blocks/mlp_norm/scale"}
 
@@ -61,13 +56,32 @@ def test_decay_mask_comes_from_variable_types(variant):
   t = c.train
   t.decay_norms = t.decay_lambda = t.decay_embeddings = False
   mask = _flat(decay_mask(params, t))
+  undecayed = TOY_UNDECAYED if variant == TOY else entry(variant).undecayed
   assert {name for name, decayed in mask.items() if not decayed} == (
-      UNDECAYED[variant] | EVERY_VARIANT_HAS), variant
+      undecayed | EVERY_VARIANT_HAS), variant
   t.decay_norms = t.decay_lambda = t.decay_embeddings = True
   assert all(_flat(decay_mask(params, t)).values())
   t.decay_norms, t.decay_lambda, t.decay_embeddings = True, False, False  # one flag per role
   assert {n for n, d in _flat(decay_mask(params, t)).items() if not d} == (
-      {n for n in UNDECAYED[variant] if "lambda" in n} | {"embed/embedding"})
+      {n for n in undecayed if "lambda" in n} | {"embed/embedding"})
+
+
+def test_a_new_role_is_one_class():
+  """A role a variant defines for itself (here: a frozen table, never decayed) needs no change
+  to the optimizer or the config: its class says it."""
+  from flax import nnx
+  from diff_transformer.training.optim import decay_mask
+
+  class NeverDecayed(nnx.Param):
+    decay = False
+
+  class Toy(nnx.Module):
+    def __init__(self):
+      self.w = nnx.Param(jax.numpy.ones((2, 2)))
+      self.table = NeverDecayed(jax.numpy.ones((3,)))
+
+  t = base_config().train
+  assert _flat(decay_mask(nnx.state(Toy(), nnx.Param), t)) == {"w": True, "table": False}
 
 
 def test_mesh_shape_resolution_and_errors():

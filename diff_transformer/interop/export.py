@@ -2,8 +2,8 @@
 training/restore.py `export_run` reads the run and hands its model here).
 
 The folder holds config.json, model.safetensors (float32), generation_config.json, tokenizer files
-and a sidecar of the tensors the HF layout folds (see weights.py); `diff_v2` exports also carry
-their modelling code (loaded with trust_remote_code=True). Anything the target class cannot hold
+and a sidecar of the tensors the HF layout folds (see weights.py); a target with bundled modelling
+files (DIFF V2: `hf_diff_v2.py`) carries them too (loaded with trust_remote_code=True). Anything the target class cannot hold
 exactly is refused in one line before any checkpoint is read. A padded vocabulary keeps all its
 rows (config vocab_size = model.vocab_size); the generation config suppresses the ids the
 tokenizer has no token for.
@@ -23,7 +23,6 @@ from diff_transformer.model.spec import ModelSpec
 from diff_transformer.tree import flatten
 
 REMOTE_DIR = Path(__file__).parent / "remote"
-REMOTE_FILES = ("configuration_diff_v2.py", "modeling_diff_v2.py")
 EXPORT_RECORD = "diff_transformer_export.json"
 
 
@@ -46,20 +45,10 @@ def check_export(spec: ModelSpec, record: dict, out: Path, workdir: Path, task: 
 
 
 def hf_config_object(spec: ModelSpec, eot_id: int):
-  """The transformers config object of the target class (diff_v2: the bundled config class)."""
+  """The transformers config object of the variant's target class."""
   fields = weights.hf_config(spec, eot_id)
-  arch = fields.pop("architectures")[0]
-  if spec.variant == "diff_v2":
-    # transformers (the hf extra) loads only for an export that needs it
-    from diff_transformer.interop.remote.configuration_diff_v2 import DiffV2Config
-    config = DiffV2Config(**fields)
-    config.auto_map = {"AutoConfig": "configuration_diff_v2.DiffV2Config",
-                       "AutoModelForCausalLM": "modeling_diff_v2.DiffV2ForCausalLM"}
-  else:
-    import transformers
-    config = getattr(transformers, arch.replace("ForCausalLM", "Config"))(**fields)
-  config.architectures = [arch]
-  return config
+  fields.pop("architectures")
+  return weights.target(spec).config_object(fields)
 
 
 def write_folder(model, spec: ModelSpec, record: dict, tokenizer, workdir: Path, out: Path,
@@ -87,11 +76,11 @@ def write_folder(model, spec: ModelSpec, record: dict, tokenizer, workdir: Path,
   GenerationConfig(bos_token_id=eot, eos_token_id=eot, pad_token_id=eot,
                    suppress_tokens=unused or None).save_pretrained(str(out))
   tokenizer.save_pretrained(str(out))
-  if spec.variant == "diff_v2":
-    for name in REMOTE_FILES:
-      shutil.copyfile(REMOTE_DIR / name, out / name)
+  for name in weights.target(spec).bundled_files:
+    shutil.copyfile(REMOTE_DIR / name, out / name)
   summary = dict(run=str(workdir.resolve()), step=int(step), variant=spec.variant,
                  architecture=weights.architecture(spec), tokenizer=record,
                  model=spec.__dict__)
   (out / EXPORT_RECORD).write_text(json.dumps(summary, indent=2, default=str) + "\n")
   return summary
+

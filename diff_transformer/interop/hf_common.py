@@ -54,6 +54,14 @@ class Target:
   architecture = ""
   q_heads_per_head = 1  # HF query heads per our head (DIFF V2: 2)
   sub_heads = 1  # HF counts d-wide sub-heads (DiffLlama: 2 per differential head)
+  bundled_files: tuple[str, ...] = ()  # modelling files (interop/remote/) copied into the export
+
+  def config_object(self, fields: dict):
+    """The transformers config object of this architecture (the hf extra's transformers)."""
+    import transformers  # the hf extra: loaded only by an export
+    config = getattr(transformers, self.architecture.replace("ForCausalLM", "Config"))(**fields)
+    config.architectures = [self.architecture]
+    return config
 
   def check(self, spec: ModelSpec) -> None:
     """Refuses, in one line naming the field, what this class cannot represent exactly."""

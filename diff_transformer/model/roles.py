@@ -1,7 +1,9 @@
 """What a model variable is for, declared by its type (flax's variable-types-as-filters idiom).
 
 The optimizer reads these types, never a parameter's name, so a new variant declares its own
-parameters' roles where it creates them and nothing else has to learn their names:
+parameters' roles where it creates them and nothing else has to learn their names. A role
+carries its own behaviour: `decay` (whether AdamW decays it) and optionally `decay_flag`, the
+train config key that overrides that default; a new role is one class (anywhere), nothing else:
 
 - `nnx.Param`: a weight (matrices, convolution taps): always weight-decayed.
 - `Gain`: a normalisation gain (RMSNorm scale, DIFF's sub-layer norm): decayed only with
@@ -19,26 +21,31 @@ from flax import nnx
 
 class Gain(nnx.Param):
   """A normalisation gain."""
+  decay, decay_flag = False, "decay_norms"
 
 
 class Lambda(nnx.Param):
   """A differential-attention lambda parameter."""
+  decay, decay_flag = False, "decay_lambda"
 
 
 class Embedding(nnx.Param):
   """The token embedding table."""
+  decay, decay_flag = True, "decay_embeddings"
 
 
 class LayerConstant(nnx.Variable):
   """A per-layer constant (e.g. lambda_init): saved with the model, never trained."""
 
 
-ROLES = {Gain: "norm", Lambda: "lambda", Embedding: "embedding"}
-
-
-def role(variable: nnx.Variable) -> str:
-  """'norm', 'lambda', 'embedding' or 'weight' (a plain nnx.Param)."""
-  return next((name for kind, name in ROLES.items() if isinstance(variable, kind)), "weight")
+def decayed(variable: nnx.Variable, train_config) -> bool:
+  """Whether AdamW decays this parameter: its role's `decay_flag` in `train_config` when the
+  role names one, else its role's `decay` (a plain nnx.Param, a weight: True)."""
+  kind = type(variable)
+  flag = getattr(kind, "decay_flag", None)
+  if flag is not None:
+    return bool(train_config[flag])
+  return bool(getattr(kind, "decay", True))
 
 
 def declare(module: nnx.Module, name: str, kind: type[nnx.Param]) -> None:

@@ -11,7 +11,7 @@ from diff_transformer.paths import write_atomic
 from diff_transformer.study import opening, plots, text_report
 from diff_transformer.study.cells import diff, num, pm, table
 from diff_transformer.study.definition import BASELINE
-from diff_transformer.study.report import informative_slices
+from diff_transformer.study.study_json import informative_slices
 
 TASK_METRICS = ("val_accuracy", "final_loss", "first_query_accuracy", "answer_share",
                   "abs_answer_share", "distractor_share", "abs_distractor_share", "noise_share",

@@ -19,13 +19,14 @@ from diff_transformer.study import records, run_metrics
 from diff_transformer.study.definition import Study
 from diff_transformer.training.run_record import check_setting
 
-TASK_SUITES = ("task", "attention", "outliers")
-TEXT_SUITES = ("loss",)
+# The suites a study evaluates each finished run with (a subset of what eval.py can run).
+STUDY_TASK_SUITES = ("task", "attention", "outliers")
+STUDY_TEXT_SUITES = ("loss",)
 GRID_DIR = "lr_grid"
 
 
 def suites(study: Study) -> tuple[str, ...]:
-  return TASK_SUITES if study.is_task else TEXT_SUITES
+  return STUDY_TASK_SUITES if study.is_task else STUDY_TEXT_SUITES
 
 
 def _evaluated(workdir: Path, step: int, names: tuple[str, ...]) -> bool:

@@ -12,7 +12,7 @@ import ml_collections
 import optax
 from flax import nnx
 
-from diff_transformer.model.roles import role
+from diff_transformer.model.roles import decayed
 
 
 
@@ -35,11 +35,10 @@ def learning_rate_schedule(t: ml_collections.ConfigDict) -> optax.Schedule:
 
 
 def decay_mask(params: nnx.State, t: ml_collections.ConfigDict) -> dict:
-  """The pure-dict tree of AdamW's mask (True: decayed) for a model's nnx.Param state: a weight
-  always; a gain, lambda or embedding as the config says (model/roles.py)."""
-  allowed = {"weight": True, "norm": bool(t.decay_norms), "lambda": bool(t.decay_lambda),
-             "embedding": bool(t.decay_embeddings)}
-  return nnx.to_pure_dict(jax.tree.map(lambda v: allowed[role(v)], params,
+  """The pure-dict tree of AdamW's mask (True: decayed) for a model's nnx.Param state, as each
+  parameter's role says (model/roles.py `decayed`): a weight always; a gain, lambda or embedding
+  as its config flag says; a role of a variant's own as its class says."""
+  return nnx.to_pure_dict(jax.tree.map(lambda v: decayed(v, t), params,
                                        is_leaf=lambda x: isinstance(x, nnx.Variable)))
 
 

@@ -34,6 +34,9 @@ class Entry:
   # sharded step, and the one where it initialises the state sharded in place
   equality_meshes: tuple[Mesh, ...]
   init_mesh: Mesh
+  # the parameters AdamW leaves undecayed with decay_norms/lambda/embeddings off, beyond the
+  # embedding and the norm gains every variant has (tests/test_training_units.py)
+  undecayed: frozenset[str]
   # Float32 against float64: the sub-layer RMSNorm divides each head by the RMS of
   # A1 V - lambda A2 V, small where the two terms nearly cancel, so rounding is amplified by up
   # to ~35x there (measured: max 3.2e-5 over 80 random draws, median 9e-7); a semantic slip
@@ -67,6 +70,10 @@ def _one_key_one_value(s: ModelSpec):
   return (s.kv_heads, s.head_dim), (s.kv_heads, s.head_dim)
 
 
+DIFF_UNDECAYED = frozenset({"blocks/attn/lambda_q1", "blocks/attn/lambda_k1",
+                            "blocks/attn/lambda_q2", "blocks/attn/lambda_k2",
+                            "blocks/attn/subln_scale"})
+
 TABLE: dict[str, Entry] = {
     "transformer": Entry(
         tiny=ModelSpec(variant="transformer", num_heads=4, num_kv_heads=2, head_dim=8, **BASE),
@@ -76,18 +83,20 @@ TABLE: dict[str, Entry] = {
         attention_params=lambda s: (2 * s.d_model * s.num_heads * s.head_dim
                                     + 2 * s.d_model * s.kv_heads * s.head_dim),
         cache=_one_key_one_value, learning_heads=(4, 2),
-        equality_meshes=((8, 1, 1), (2, 2, 2)), init_mesh=(8, 1, 1)),
+        equality_meshes=((8, 1, 1), (2, 2, 2)), init_mesh=(8, 1, 1), undecayed=frozenset()),
     "diff": Entry(
         tiny=ModelSpec(variant="diff", num_heads=2, num_kv_heads=1, head_dim=8, **BASE),
         numerics=(4, 8), oracle=_diff_v1(shared=False), attention_params=_diff_params,
         cache=_two_keys_wide_value, learning_heads=(2, 1),
-        equality_meshes=((8, 1, 1), (2, 2, 2)), init_mesh=(2, 2, 2), tolerance=1e-4),
+        equality_meshes=((8, 1, 1), (2, 2, 2)), init_mesh=(2, 2, 2), undecayed=DIFF_UNDECAYED,
+        tolerance=1e-4),
     "shared_diff": Entry(
         tiny=ModelSpec(variant="shared_diff", num_heads=2, num_kv_heads=1, head_dim=8, rank=4,
                        **BASE),
         numerics=(4, 8), oracle=_diff_v1(shared=True), attention_params=_shared_params,
         cache=_two_keys_wide_value, learning_heads=(2, 1),
-        equality_meshes=((2, 2, 2), (1, 4, 2)), init_mesh=(1, 4, 2), tolerance=1e-4),
+        equality_meshes=((2, 2, 2), (1, 4, 2)), init_mesh=(1, 4, 2), undecayed=DIFF_UNDECAYED,
+        tolerance=1e-4),
     "diff_v2": Entry(
         tiny=ModelSpec(variant="diff_v2", num_heads=4, num_kv_heads=2, head_dim=8, **BASE),
         numerics=(4, 16),
@@ -100,7 +109,8 @@ TABLE: dict[str, Entry] = {
                                     + s.num_heads * s.head_dim * s.d_model
                                     + s.d_model * s.num_heads),
         cache=_one_key_one_value, learning_heads=(4, 2),
-        equality_meshes=((2, 2, 2), (1, 4, 2)), init_mesh=(2, 2, 2)),
+        equality_meshes=((2, 2, 2), (1, 4, 2)), init_mesh=(2, 2, 2),
+        undecayed=frozenset({"blocks/attn/wlambda/kernel"})),
 }
 
 # The registry at collection time: a variant added to the package appears in every
@@ -112,7 +122,8 @@ assert set(PAPER_VARIANTS) <= set(VARIANTS)
 def entry(variant: str) -> Entry:
   if variant not in TABLE:
     pytest.fail(f"add variant {variant} to tests/helpers/variant_table.py TABLE (a tiny spec, a float64 "
-                "oracle, the closed-form attention parameter count and KV-cache layout)",
+                "oracle, the closed-form attention parameter count, KV-cache layout and "
+                "undecayed parameters)",
                 pytrace=False)
   return TABLE[variant]
 

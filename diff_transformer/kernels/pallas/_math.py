@@ -18,7 +18,7 @@ MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
 
 
 @dataclasses.dataclass(frozen=True)
-class Config:
+class KernelConfig:
   """Static kernel parameters (hashable: used as a custom_vjp nondiff argument)."""
   seq_len: int          # true T before padding
   block_q: int
@@ -40,7 +40,7 @@ def dot(a: Array, b: Array, *, trans_a: bool = False, trans_b: bool = False) -> 
   return jax.lax.dot_general(a, b, (contract, ((), ())), preferred_element_type=jnp.float32)
 
 
-def tile_mask(rows: Array, cols: Array, cfg: Config, kv_padded: bool,
+def tile_mask(rows: Array, cols: Array, cfg: KernelConfig, kv_padded: bool,
               q_seg: Array | None, kv_seg: Array | None) -> Array | None:
   """Boolean (bq, bk) mask from absolute row (bq,1)/(bq,bk) and column (1,bk)/(bq,bk) indices."""
   mask = None

@@ -19,10 +19,10 @@ from jax.sharding import PartitionSpec as P
 
 from diff_transformer.kernels import common
 from diff_transformer.kernels.pallas import tpu, triton
-from diff_transformer.kernels.pallas._math import Config
+from diff_transformer.kernels.pallas._math import KernelConfig
 
 Array = jax.Array
-_VARIANTS = {"tpu": tpu, "triton": triton}
+_BACKENDS = {"tpu": tpu, "triton": triton}
 _DEFAULT_BLOCKS = {"tpu": (128, 128), "triton": (64, 64)}
 
 
@@ -48,17 +48,17 @@ def _blocks(length: int, block_q: int, block_k: int, backend: str) -> tuple[int,
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _fused(cfg: Config, q1, k1, v, q2, k2, lam, q_seg, kv_seg):
-  return _VARIANTS[cfg.backend].forward(cfg, q1, k1, v, q2, k2, lam, q_seg, kv_seg, False)
+def _fused(cfg: KernelConfig, q1, k1, v, q2, k2, lam, q_seg, kv_seg):
+  return _BACKENDS[cfg.backend].forward(cfg, q1, k1, v, q2, k2, lam, q_seg, kv_seg, False)
 
 
-def _fused_fwd(cfg: Config, q1, k1, v, q2, k2, lam, q_seg, kv_seg):
-  out, (o2, lse1, lse2) = _VARIANTS[cfg.backend].forward(
+def _fused_fwd(cfg: KernelConfig, q1, k1, v, q2, k2, lam, q_seg, kv_seg):
+  out, (o2, lse1, lse2) = _BACKENDS[cfg.backend].forward(
       cfg, q1, k1, v, q2, k2, lam, q_seg, kv_seg, True)
   return out, (q1, k1, v, q2, k2, lam, q_seg, kv_seg, out, o2, lse1, lse2)
 
 
-def _fused_bwd(cfg: Config, res, do):
+def _fused_bwd(cfg: KernelConfig, res, do):
   q1, k1, v, q2, k2, lam, q_seg, kv_seg, out, o2, lse1, lse2 = res
   do_f32 = do.astype(jnp.float32)
   delta1 = jnp.sum(do_f32 * out.astype(jnp.float32), axis=-1)
@@ -66,7 +66,7 @@ def _fused_bwd(cfg: Config, res, do):
   if q2 is not None:
     r2 = jnp.sum(do_f32 * o2, axis=-1)
     delta1, delta2, dlam = delta1 + lam * r2, -lam * r2, -r2
-  dq1, dk1, dv, dq2, dk2 = _VARIANTS[cfg.backend].backward(
+  dq1, dk1, dv, dq2, dk2 = _BACKENDS[cfg.backend].backward(
       cfg, q1, k1, v, q2, k2, lam, q_seg, kv_seg, do, lse1, lse2, delta1, delta2)
   return dq1, dk1, dv, dq2, dk2, dlam, None, None
 
@@ -107,8 +107,8 @@ def attention(q1, k1, v, q2=None, k2=None, lam=None, *, segment_ids=None, causal
     raise NotImplementedError("pallas attention: needs T == S (self-attention); decode via xla")
   platform = jax.default_backend()
   backend = backend or ("triton" if platform == "gpu" else "tpu")
-  if backend not in _VARIANTS:
-    raise ValueError(f"pallas attention: backend must be one of {sorted(_VARIANTS)}, got {backend}")
+  if backend not in _BACKENDS:
+    raise ValueError(f"pallas attention: backend must be one of {sorted(_BACKENDS)}, got {backend}")
   interpret = platform == "cpu" if interpret is None else interpret
   dq, dk = _DEFAULT_BLOCKS[backend]
   bq, bk, padded = _blocks(length, block_q or dq, block_k or dk, backend)
@@ -120,7 +120,7 @@ def attention(q1, k1, v, q2=None, k2=None, lam=None, *, segment_ids=None, causal
     width_v = max(16, 1 << (v.shape[-1] - 1).bit_length())
   if num_warps is None:
     num_warps = 8 if width_v is not None and width_v > 128 else 4
-  cfg = Config(seq_len=length, block_q=bq, block_k=bk, scale=common.default_scale(q1, scale),
+  cfg = KernelConfig(seq_len=length, block_q=bq, block_k=bk, scale=common.default_scale(q1, scale),
                causal=causal, backend=backend, interpret=interpret, num_warps=num_warps,
                num_stages=num_stages)
   lam_BNT = q_seg = kv_seg = None

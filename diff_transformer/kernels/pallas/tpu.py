@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from diff_transformer.kernels.pallas import _math
-from diff_transformer.kernels.pallas._math import Config
+from diff_transformer.kernels.pallas._math import KernelConfig
 from diff_transformer.kernels.pallas.tpu_backward import backward
 from diff_transformer.kernels.pallas.tpu_blocks import (SQ, call, col, row, seg_specs,
                                                         tile_mask, when_visible)
@@ -27,7 +27,7 @@ from diff_transformer.kernels.pallas.tpu_blocks import (SQ, call, col, row, seg_
 __all__ = ["backward", "forward"]
 
 
-def _fwd_kernel(r, cfg: Config, length: int, with_res: bool) -> None:
+def _fwd_kernel(r, cfg: KernelConfig, length: int, with_res: bool) -> None:
   i, j = pl.program_id(2), pl.program_id(3)
   maps = ("1", "2") if "q2" in r else ("1",)
 
@@ -65,7 +65,7 @@ def _fwd_kernel(r, cfg: Config, length: int, with_res: bool) -> None:
         r["o2"][...] = o2
 
 
-def forward(cfg: Config, q1, k1, v, q2, k2, lam, q_seg, kv_seg, with_res: bool):
+def forward(cfg: KernelConfig, q1, k1, v, q2, k2, lam, q_seg, kv_seg, with_res: bool):
   batch, heads, length, dim = q1.shape
   kv_heads, dim_v = k1.shape[1], v.shape[-1]
   group, bq, bk = heads // kv_heads, cfg.block_q, cfg.block_k

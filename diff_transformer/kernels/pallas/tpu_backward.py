@@ -9,12 +9,12 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from diff_transformer.kernels.pallas import _math
-from diff_transformer.kernels.pallas._math import Config
+from diff_transformer.kernels.pallas._math import KernelConfig
 from diff_transformer.kernels.pallas.tpu_blocks import (SQ, call, col, row, seg_specs,
                                                         tile_mask, when_visible)
 
 
-def _tile_grads(r, cfg: Config, mask):
+def _tile_grads(r, cfg: KernelConfig, mask):
   """Shared backward tile math: (dS1, dS2 or None, P1 - lam P2) for the current tile."""
   do, v = r["do"][...], r["v"][...]
   dp = _math.dot(do, v, trans_b=True)
@@ -30,7 +30,7 @@ def _tile_grads(r, cfg: Config, mask):
   return ds1, ds2, p1 - lam * p2
 
 
-def _dkdv_kernel(r, cfg: Config, length: int, nq: int) -> None:
+def _dkdv_kernel(r, cfg: KernelConfig, length: int, nq: int) -> None:
   j, step_id = pl.program_id(2), pl.program_id(3)
   i = step_id % nq
   accs = [a for a in ("dk1", "dk2", "dv") if a + "_acc" in r]
@@ -59,7 +59,7 @@ def _dkdv_kernel(r, cfg: Config, length: int, nq: int) -> None:
       r[a][...] = r[a + "_acc"][...].astype(r[a].dtype)
 
 
-def _dq_kernel(r, cfg: Config, length: int) -> None:
+def _dq_kernel(r, cfg: KernelConfig, length: int) -> None:
   i, j = pl.program_id(2), pl.program_id(3)
   accs = [a for a in ("dq1", "dq2") if a + "_acc" in r]
 
@@ -84,7 +84,8 @@ def _dq_kernel(r, cfg: Config, length: int) -> None:
       r[a][...] = r[a + "_acc"][...].astype(r[a].dtype)
 
 
-def backward(cfg: Config, q1, k1, v, q2, k2, lam, q_seg, kv_seg, do, lse1, lse2, delta1, delta2):
+def backward(cfg: KernelConfig, q1, k1, v, q2, k2, lam, q_seg, kv_seg, do, lse1, lse2, delta1,
+             delta2):
   batch, heads, length, dim = q1.shape
   kv_heads, dim_v = k1.shape[1], v.shape[-1]
   group, bq, bk = heads // kv_heads, cfg.block_q, cfg.block_k

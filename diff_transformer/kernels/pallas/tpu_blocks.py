@@ -9,7 +9,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from diff_transformer.kernels.pallas import _math
-from diff_transformer.kernels.pallas._math import Config
+from diff_transformer.kernels.pallas._math import KernelConfig
 
 Array = jax.Array
 SQ = pl.squeezed
@@ -25,7 +25,7 @@ def col(ref) -> Array:
   return ref[...].reshape(-1, 1)
 
 
-def call(kernel, cfg: Config, grid, inputs, out_shapes, scratch, num_arbitrary: int = 1):
+def call(kernel, cfg: KernelConfig, grid, inputs, out_shapes, scratch, num_arbitrary: int = 1):
   """pallas_call over named (array, BlockSpec) inputs; the kernel gets a name -> ref dict."""
   names = [n for n, (a, _) in inputs.items() if a is not None]
   out_names = list(out_shapes)
@@ -47,7 +47,7 @@ def call(kernel, cfg: Config, grid, inputs, out_shapes, scratch, num_arbitrary: 
   return dict(zip(out_names, outs))
 
 
-def tile_mask(r, cfg: Config, i, j, length: int):
+def tile_mask(r, cfg: KernelConfig, i, j, length: int):
   bq, bk = cfg.block_q, cfg.block_k
   padded = cfg.padded(length)
   if not (cfg.causal or padded or "qs" in r):
@@ -59,7 +59,7 @@ def tile_mask(r, cfg: Config, i, j, length: int):
   return _math.tile_mask(rows, cols, cfg, padded, q_seg, kv_seg)
 
 
-def when_visible(cfg: Config, i, j, fn) -> None:
+def when_visible(cfg: KernelConfig, i, j, fn) -> None:
   """Run fn unless the (i, j) tile lies entirely above the causal diagonal."""
   if cfg.causal:
     pl.when(j * cfg.block_k <= i * cfg.block_q + cfg.block_q - 1)(fn)

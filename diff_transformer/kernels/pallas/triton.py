@@ -16,13 +16,13 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltr
 
 from diff_transformer.kernels.pallas import _math
-from diff_transformer.kernels.pallas._math import Config
+from diff_transformer.kernels.pallas._math import KernelConfig
 
 Array = jax.Array
 _SQ = pl.squeezed
 
 
-def _call(kernel, cfg: Config, grid, inputs, out_shapes):
+def _call(kernel, cfg: KernelConfig, grid, inputs, out_shapes):
   names = [n for n, (a, _) in inputs.items() if a is not None]
   out_names = list(out_shapes)
 
@@ -40,7 +40,7 @@ def _call(kernel, cfg: Config, grid, inputs, out_shapes):
   return dict(zip(out_names, outs))
 
 
-def _mask(cfg: Config, length: int, q_start, k_start, q_seg, kv_seg):
+def _mask(cfg: KernelConfig, length: int, q_start, k_start, q_seg, kv_seg):
   padded = cfg.padded(length)
   if not (cfg.causal or padded or q_seg is not None):
     return None
@@ -57,7 +57,7 @@ def _rows(ref, start, size):
 # ----------------------------------------------------------------------------------- forward
 
 
-def _fwd_kernel(r, cfg: Config, length: int, with_res: bool) -> None:
+def _fwd_kernel(r, cfg: KernelConfig, length: int, with_res: bool) -> None:
   bq, bk = cfg.block_q, cfg.block_k
   q_start = pl.program_id(2) * bq
   diff = "q2" in r
@@ -99,7 +99,7 @@ def _fwd_kernel(r, cfg: Config, length: int, with_res: bool) -> None:
       r["o2"][...] = o2
 
 
-def forward(cfg: Config, q1, k1, v, q2, k2, lam, q_seg, kv_seg, with_res: bool):
+def forward(cfg: KernelConfig, q1, k1, v, q2, k2, lam, q_seg, kv_seg, with_res: bool):
   batch, heads, length, dim = q1.shape
   kv_heads, dim_v = k1.shape[1], v.shape[-1]
   group, bq = heads // kv_heads, cfg.block_q
@@ -128,7 +128,7 @@ def forward(cfg: Config, q1, k1, v, q2, k2, lam, q_seg, kv_seg, with_res: bool):
 # ---------------------------------------------------------------------------------- backward
 
 
-def _tile_grads(cfg: Config, mask, q1, q2, k1, k2, v, do, lse1, lse2, delta1, delta2, lam):
+def _tile_grads(cfg: KernelConfig, mask, q1, q2, k1, k2, v, do, lse1, lse2, delta1, delta2, lam):
   """(dS1, dS2 or None, P1 - lam P2) for one tile; per-row inputs are (rows,) vectors."""
   dp = _math.dot(do, v, trans_b=True)
   p1 = _math.probs(_math.logits(q1, k1, cfg.scale, mask), lse1[:, None])
@@ -144,7 +144,7 @@ def _tile_grads(cfg: Config, mask, q1, q2, k1, k2, v, do, lse1, lse2, delta1, de
 _ROW_INPUTS = ("lse1", "lse2", "delta1", "delta2", "lam")
 
 
-def _dkdv_kernel(r, cfg: Config, length: int, group: int) -> None:
+def _dkdv_kernel(r, cfg: KernelConfig, length: int, group: int) -> None:
   bq, bk = cfg.block_q, cfg.block_k
   k_start = pl.program_id(2) * bk
   k1 = r["k1"][...]
@@ -181,7 +181,7 @@ def _dkdv_kernel(r, cfg: Config, length: int, group: int) -> None:
     r["dk2"][...] = dk2.astype(r["dk2"].dtype)
 
 
-def _dq_kernel(r, cfg: Config, length: int) -> None:
+def _dq_kernel(r, cfg: KernelConfig, length: int) -> None:
   bq, bk = cfg.block_q, cfg.block_k
   q_start = pl.program_id(2) * bq
   q1 = r["q1"][...]
@@ -212,7 +212,8 @@ def _dq_kernel(r, cfg: Config, length: int) -> None:
     r["dq2"][...] = dq2.astype(r["dq2"].dtype)
 
 
-def backward(cfg: Config, q1, k1, v, q2, k2, lam, q_seg, kv_seg, do, lse1, lse2, delta1, delta2):
+def backward(cfg: KernelConfig, q1, k1, v, q2, k2, lam, q_seg, kv_seg, do, lse1, lse2, delta1,
+             delta2):
   batch, heads, length, dim = q1.shape
   kv_heads, dim_v = k1.shape[1], v.shape[-1]
   group, bq, bk = heads // kv_heads, cfg.block_q, cfg.block_k

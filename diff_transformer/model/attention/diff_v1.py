@@ -17,6 +17,7 @@ from diff_transformer.errors import ConfigError
 from diff_transformer.model.attention.base import Attention, Projected, lambda_init_value
 from diff_transformer.model.layers import rms_normalize
 from diff_transformer.model.roles import Gain, Lambda, LayerConstant
+from diff_transformer.sharding import EMBED, HEADS, HEAD_DIM, KV_HEADS, NORM
 
 
 class DiffAttention(Attention):
@@ -27,15 +28,15 @@ class DiffAttention(Attention):
     super().__init__(spec, layer_idx, rngs=rngs)
     D, h, K, d = spec.d_model, spec.num_heads, spec.kv_heads, spec.head_dim
     self.init_qk(rngs)
-    self.wv = self._dense(D, K * 2 * d, ("embed", "kv_heads"), rngs)
-    self.wo = self._dense(h * 2 * d, D, ("heads", "embed"), rngs)
+    self.wv = self._dense(D, K * 2 * d, (EMBED, KV_HEADS), rngs)
+    self.wo = self._dense(h * 2 * d, D, (HEADS, EMBED), rngs)
     lam_init = nnx.initializers.normal(spec.lambda_std)
     for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
       setattr(self, name, Lambda(lam_init(rngs.params(), (d,), jnp.float32),
-                                 out_sharding=("head_dim",)))
+                                 out_sharding=(HEAD_DIM,)))
     self.lambda_init = LayerConstant(lambda_init_value(layer_idx, spec.lambda_init))
     if spec.subln:
-      self.subln_scale = Gain(jnp.ones((2 * d,), jnp.float32), out_sharding=("norm",))
+      self.subln_scale = Gain(jnp.ones((2 * d,), jnp.float32), out_sharding=(NORM,))
 
   @classmethod
   def cache_layout(cls, spec):
@@ -65,8 +66,8 @@ class DiffAttention(Attention):
 
   def init_qk(self, rngs):
     s = self.spec
-    self.wq = self._dense(s.d_model, 2 * s.num_heads * s.head_dim, ("embed", "heads"), rngs)
-    self.wk = self._dense(s.d_model, 2 * s.kv_heads * s.head_dim, ("embed", "kv_heads"), rngs)
+    self.wq = self._dense(s.d_model, 2 * s.num_heads * s.head_dim, (EMBED, HEADS), rngs)
+    self.wk = self._dense(s.d_model, 2 * s.kv_heads * s.head_dim, (EMBED, KV_HEADS), rngs)
 
   def qk(self, x_BTD):
     """(q1, q2) [B, T, h, d] and (k1, k2) [B, T, h_kv, d] before RoPE."""

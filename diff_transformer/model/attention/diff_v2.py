@@ -14,6 +14,7 @@ from flax import nnx
 from diff_transformer.errors import ConfigError
 from diff_transformer.model.attention.base import Attention, Projected
 from diff_transformer.model.roles import Lambda, declare
+from diff_transformer.sharding import EMBED, HEADS, KV_HEADS, LAMBDA_HEADS
 
 
 class DiffV2Attention(Attention):
@@ -53,12 +54,12 @@ class DiffV2Attention(Attention):
   def __init__(self, spec, layer_idx, *, rngs: nnx.Rngs):
     super().__init__(spec, layer_idx, rngs=rngs)
     D, h, K, d = spec.d_model, spec.num_heads, spec.kv_heads, spec.head_dim
-    self.wq = self._dense(D, 2 * h * d, ("embed", "heads"), rngs)
-    self.wk = self._dense(D, K * d, ("embed", "kv_heads"), rngs)
-    self.wv = self._dense(D, K * d, ("embed", "kv_heads"), rngs)
-    self.wo = self._dense(h * d, D, ("heads", "embed"), rngs)
+    self.wq = self._dense(D, 2 * h * d, (EMBED, HEADS), rngs)
+    self.wk = self._dense(D, K * d, (EMBED, KV_HEADS), rngs)
+    self.wv = self._dense(D, K * d, (EMBED, KV_HEADS), rngs)
+    self.wo = self._dense(h * d, D, (HEADS, EMBED), rngs)
     if spec.v2_lambda != "none":
-      self.wlambda = self._dense(D, h, ("embed", "lambda_heads"), rngs)
+      self.wlambda = self._dense(D, h, (EMBED, LAMBDA_HEADS), rngs)
       declare(self.wlambda, "kernel", Lambda)
 
   def lam(self, x_BTD) -> jax.Array:

@@ -15,6 +15,7 @@ import math
 
 from diff_transformer.errors import ConfigError
 from diff_transformer.model.attention.diff_v1 import DiffAttention
+from diff_transformer.sharding import EMBED, HEADS, KV_HEADS, RANK
 
 
 LOWRANK_INITS = ("matched", "fan_in", "lora")
@@ -47,12 +48,12 @@ class SharedDiffAttention(DiffAttention):
     # elementwise std s/sqrt(2) and W + U V^T has DIFF V1's s. None: fan-in scaled.
     base_std = s.init_std / math.sqrt(2) if matched else s.init_std
     factor_std = math.sqrt(base_std / math.sqrt(r)) if matched else None
-    self.wq = self._dense(D, q_width, ("embed", "heads"), rngs, std=base_std)
-    self.wk = self._dense(D, k_width, ("embed", "kv_heads"), rngs, std=base_std)
-    for name, width, axis in (("q1", q_width, "heads"), ("q2", q_width, "heads"),
-                              ("k1", k_width, "kv_heads"), ("k2", k_width, "kv_heads")):
-      setattr(self, f"u_{name}", self._dense(D, r, ("embed", "rank"), rngs, std=factor_std))
-      setattr(self, f"v_{name}", self._dense(r, width, ("rank", axis), rngs, std=factor_std,
+    self.wq = self._dense(D, q_width, (EMBED, HEADS), rngs, std=base_std)
+    self.wk = self._dense(D, k_width, (EMBED, KV_HEADS), rngs, std=base_std)
+    for name, width, axis in (("q1", q_width, HEADS), ("q2", q_width, HEADS),
+                              ("k1", k_width, KV_HEADS), ("k2", k_width, KV_HEADS)):
+      setattr(self, f"u_{name}", self._dense(D, r, (EMBED, RANK), rngs, std=factor_std))
+      setattr(self, f"v_{name}", self._dense(r, width, (RANK, axis), rngs, std=factor_std,
                                              zeros=lora))
 
   def qk(self, x_BTD):

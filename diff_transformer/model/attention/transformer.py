@@ -4,6 +4,7 @@ from __future__ import annotations
 from flax import nnx
 
 from diff_transformer.model.attention.base import Attention, Projected
+from diff_transformer.sharding import EMBED, HEADS, KV_HEADS
 
 
 class TransformerAttention(Attention):
@@ -12,10 +13,10 @@ class TransformerAttention(Attention):
   def __init__(self, spec, layer_idx, *, rngs: nnx.Rngs):
     super().__init__(spec, layer_idx, rngs=rngs)
     D, N, K, H = spec.d_model, spec.num_heads, spec.kv_heads, spec.head_dim
-    self.wq = self._dense(D, N * H, ("embed", "heads"), rngs)
-    self.wk = self._dense(D, K * H, ("embed", "kv_heads"), rngs)
-    self.wv = self._dense(D, K * H, ("embed", "kv_heads"), rngs)
-    self.wo = self._dense(N * H, D, ("heads", "embed"), rngs)
+    self.wq = self._dense(D, N * H, (EMBED, HEADS), rngs)
+    self.wk = self._dense(D, K * H, (EMBED, KV_HEADS), rngs)
+    self.wv = self._dense(D, K * H, (EMBED, KV_HEADS), rngs)
+    self.wo = self._dense(N * H, D, (HEADS, EMBED), rngs)
 
   def project(self, x_BTD, positions_BT) -> Projected:
     s = self.spec
