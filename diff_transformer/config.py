@@ -140,6 +140,9 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     _fail("model.num_kv_heads", f"{spec.kv_heads} kv heads do not divide {query_heads} query "
           "heads")
   attention.check(spec)
+  if spec.head_norm and not attention.has_head_norm:
+    _fail("model.head_norm", f"{spec.variant} has no per-head output norm option (the "
+          "transformer has; DIFF V1 and Shared DIFF have their sub-layer norm, model.subln)")
   if m.rope_pairs not in ("interleaved", "half"):
     _fail("model.rope_pairs", f"'{m.rope_pairs}' is not one of interleaved, half")
   if m.lambda_init is not None and not 0.0 <= m.lambda_init < 1.0:

@@ -67,6 +67,7 @@ def test_module_matches_float64(variant, kv, kernel):
 
 
 @pytest.mark.parametrize("variant,overrides", [
+    ("transformer", dict(head_norm=True)),
     ("diff", dict(subln=False)),
     ("diff", dict(lambda_init=0.5)),
     ("diff_v2", dict(v2_pairing="halves")),

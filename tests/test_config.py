@@ -29,6 +29,7 @@ def cfg(**model):
     (dict(num_layers=-1), "model.num_layers", "positive"),
     (dict(vocab_size=0), "model.vocab_size", "positive"),
     (dict(vocab_multiple=-128), "model.vocab_multiple", "must be >= 0"),
+    (dict(variant="diff", head_norm=True), "model.head_norm", "no per-head output norm option"),
 ])
 def test_bad_model_configs(overrides, field, words):
   with pytest.raises(ConfigError) as e:

@@ -126,11 +126,13 @@ def test_export_imports_back_bitwise(exported):
     ("v2_pairing", "halves", "model.v2_pairing"),
     ("v2_lambda", "none", "model.v2_lambda"),
     ("short_conv", 4, "model.short_conv"),
+    ("head_norm", True, "model.head_norm"),
 ])
 def test_refuses_what_the_target_cannot_hold(tmp_path, field, value, needle):
   from diff_transformer.interop import InteropError
   from diff_transformer.training import export_run
-  config = hf_runs.run_config("diff_v2" if field.startswith("v2_") else "diff", **{field: value})
+  variant = "diff_v2" if field.startswith("v2_") else "transformer" if field == "head_norm" else "diff"
+  config = hf_runs.run_config(variant, **{field: value})
   workdir = tmp_path / "run"
   workdir.mkdir()
   (workdir / "config.json").write_text(config.to_json_best_effort())

@@ -37,6 +37,9 @@ class ModelSpec:
   dtype: str = "float32"  # compute dtype; parameters, softmax and norm statistics stay float32
   remat: str = "none"
   init_std: float = 0.02
+  # Transformer: per-head RMSNorm of each head's output with one (d,) gain shared by the heads,
+  # the Transformer's analog of DIFF's sub-layer norm (DIFF paper Table 6, "+ GroupNorm").
+  head_norm: bool = False
   # DIFF V1 / Shared DIFF ablations (DIFF paper Table 6).
   subln: bool = True  # per-head RMSNorm with one (2d,) gain, then * (1 - lambda_init)
   lambda_init: float | None = None  # None = 0.8 - 0.6 exp(-0.3 l), l counted from 0

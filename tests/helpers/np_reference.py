@@ -112,7 +112,7 @@ def diff_v2(x_BTD, w, *, h, K, d, seg=None, theta=1e4, pairing="interleaved", la
   return out @ w["wo/kernel"]
 
 
-def transformer(x_BTD, w, *, N, K, d, seg=None, theta=1e4):
+def transformer(x_BTD, w, *, N, K, d, seg=None, theta=1e4, head_norm=False):
   B, T, _ = x_BTD.shape
   pos = np.arange(T, dtype=np.float64)
   out = np.zeros((B, T, N * d))
@@ -124,5 +124,8 @@ def transformer(x_BTD, w, *, N, K, d, seg=None, theta=1e4):
     ok = allowed(None if seg is None else seg[b], T)
     for n in range(N):
       g = n // (N // K)
-      out[b, :, n * d:(n + 1) * d] = softmax_map(q[:, n], k[:, g], ok, d ** -0.5) @ v[:, g]
+      head = softmax_map(q[:, n], k[:, g], ok, d ** -0.5) @ v[:, g]
+      if head_norm:  # per-head RMSNorm, one gain for all heads
+        head = head / np.sqrt(np.mean(head ** 2, -1, keepdims=True) + EPS) * w["head_norm_scale"]
+      out[b, :, n * d:(n + 1) * d] = head
   return out @ w["wo/kernel"]

@@ -79,7 +79,8 @@ TABLE: dict[str, Entry] = {
         tiny=ModelSpec(variant="transformer", num_heads=4, num_kv_heads=2, head_dim=8, **BASE),
         numerics=(8, 8),
         oracle=lambda s, w, x, seg, layer: ref.transformer(x, w, N=s.num_heads, K=s.kv_heads,
-                                                           d=s.head_dim, seg=seg),
+                                                           d=s.head_dim, seg=seg,
+                                                           head_norm=s.head_norm),
         attention_params=lambda s: (2 * s.d_model * s.num_heads * s.head_dim
                                     + 2 * s.d_model * s.kv_heads * s.head_dim),
         cache=_one_key_one_value, learning_heads=(4, 2),

@@ -57,6 +57,8 @@ class Attention(nnx.Module):
   # The Hugging Face target it exports to and imports from (interop/weights.py TARGETS); None:
   # none (export and import refuse it in one line).
   hf_target: str | None = None
+  # Whether model.head_norm (a per-head RMSNorm of the attention output) applies.
+  has_head_norm = False
 
   def __init__(self, spec: ModelSpec, layer_idx, *, rngs: nnx.Rngs):
     del layer_idx, rngs

@@ -1,14 +1,18 @@
 """Baseline causal softmax attention (MHA or GQA): the "Transformer" row of every table."""
 from __future__ import annotations
 
+import jax.numpy as jnp
 from flax import nnx
 
 from diff_transformer.model.attention.base import Attention, Projected
-from diff_transformer.sharding import EMBED, HEADS, KV_HEADS
+from diff_transformer.model.layers import rms_normalize
+from diff_transformer.model.roles import Gain
+from diff_transformer.sharding import EMBED, HEADS, KV_HEADS, NORM
 
 
 class TransformerAttention(Attention):
   hf_target = "llama"
+  has_head_norm = True  # model.head_norm applies
 
   def __init__(self, spec, layer_idx, *, rngs: nnx.Rngs):
     super().__init__(spec, layer_idx, rngs=rngs)
@@ -17,6 +21,8 @@ class TransformerAttention(Attention):
     self.wk = self._dense(D, K * H, (EMBED, KV_HEADS), rngs)
     self.wv = self._dense(D, K * H, (EMBED, KV_HEADS), rngs)
     self.wo = self._dense(N * H, D, (HEADS, EMBED), rngs)
+    if spec.head_norm:
+      self.head_norm_scale = Gain(jnp.ones((H,), jnp.float32), out_sharding=(NORM,))
 
   def project(self, x_BTD, positions_BT) -> Projected:
     s = self.spec
@@ -25,4 +31,6 @@ class TransformerAttention(Attention):
     return Projected(q1=q_BTNH, k1=k_BTKH, v=self._heads(self.wv(x_BTD), s.kv_heads))
 
   def output(self, o_BTNH, p):
+    if self.spec.head_norm:
+      o_BTNH = rms_normalize(o_BTNH, self.head_norm_scale[...]).astype(self.spec.compute_dtype)
     return self.wo(self._merge(o_BTNH))
