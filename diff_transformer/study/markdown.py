@@ -101,12 +101,13 @@ def _speed_notes(result: dict) -> list[str]:
   rising = {v: s.get("still_rising", "0/0") for v, s in result["summary"].items()}
   flagged = [v for v, k in rising.items() if not k.startswith("0/")]
   if not flagged:
-    return ["No variant was still improving over its last 20% of steps: the gaps at the last "
-            "step are gaps at convergence of this budget.", ""]
+    return ["No variant was still improving over its last 20% of steps (a run stopped at its "
+            "accuracy level stops there by design): the gaps are those at the last step, not "
+            "evidence of convergence.", ""]
   return [f"Still improving (accuracy rising, or validation loss falling by more than 0.01) over "
           f"the last 20% of steps: {', '.join(f'{v} ({rising[v]})' for v in flagged)}. A gap at "
-          "the last step involving these is **speed, not capability**: more steps may close "
-          "it.", ""]
+          "the last step involving these may change with more steps; that they still improve "
+          "does not say whether the gap is one of speed or of capability.", ""]
 
 
 def _text_tables(result: dict, root: Path) -> list[str]:
