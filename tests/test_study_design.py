@@ -190,6 +190,10 @@ def test_a_text_study_report_says_what_it_resolves_and_drops_an_ar_hit_split_wit
   ar_hit = 0.5 if copies else 0.9  # below or above the n-gram model's 0.8
   runs = [_text_run("transformer", s, 1.60 + 0.01 * s, ar_hit) for s in range(3)]
   runs += [_text_run("diff", s, 1.62 + 0.02 * s, ar_hit) for s in range(3)]
+  config = study.get_config(study.points()[0])
+  per_step = config.train.global_batch_size * config.data.seq_len
+  for r in runs:  # evaluations at steps 20, 40 and 80 of 80: the columns name those steps
+    r["curve"] = [(step * per_step, v) for step, (_, v) in zip((20, 40, 80), r["curve"])]
   origin = dict(command="c", wall_seconds=1.0, invocations=[], machine="m")
   result = study_json.build(study, runs, {}, [], origin)
   text = markdown.write(result, tmp_path).read_text()
@@ -197,7 +201,8 @@ def test_a_text_study_report_says_what_it_resolves_and_drops_an_ar_hit_split_wit
   assert "**What this design can resolve**: with 3 seeds and 1 comparison (Holm)" in text
   assert f"{num(sd, 4)}-{num(sd, 4)} nats" in text
   assert "**Out of reach**" in text and "| transformer | compared | 0.030 | 0.030 | 3/3 |" in text
-  assert "From 25% to 100% of the budget the mean gap" in text
+  assert "| variant | at step 20 | at step 40 | at step 80 |" in text
+  assert "From step 20 to step 80 the mean gap" in text
   assert ("**Dropped**" in text) != copies
   assert ("Every run's AR-hit loss is below the n-gram model's (6/6)" in text) == copies
   assert (tmp_path / "loss_vs_tokens.png").is_file() and not (tmp_path / "loss_vs_size.png").exists()
