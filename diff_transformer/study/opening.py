@@ -100,6 +100,14 @@ def header(result: dict, first: list[str] = ()) -> list[str]:
   return lines + _how_to_read(info)
 
 
+def _grid_metric_note(metric: str, primary: str) -> str:
+  """Says so when the grid chose its lrs by another metric than the study's primary."""
+  if metric == primary:
+    return ""
+  return (f" The grid chose by `{metric}`, not by the primary `{primary}`: the two can rank the "
+          "lrs differently, so an lr chosen here is the best by the grid's metric.")
+
+
 def _grid_cell(cell: dict | None, budget: int) -> str:
   if cell is None:
     return "-"
@@ -132,6 +140,7 @@ def lr_grid(result: dict) -> list[str]:
           "final validation loss on the training-time eval rows")
   return ([f"## Learning rate per variant ({grid['steps']}-step budget, grid seeds "
            f"{grid['seeds']}, which no compared run uses; judged by `{grid['metric']}`)", "",
-           f"Each cell: {what}; '-': not run (outside this variant's grid)."] + [""] +
+           f"Each cell: {what}; '-': not run (outside this variant's grid)."
+           + _grid_metric_note(grid["metric"], result["study"]["primary"])] + [""] +
           table(["variant", "seed"] + [f"lr {lr:g}" for lr in lrs] +
                  ["chosen", "bracketed", "untuned"], rows) + [""])
