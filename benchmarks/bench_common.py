@@ -15,6 +15,12 @@ from diff_transformer.params import heads_for  # noqa: E402
 PAPER_SIZE = "830m"
 
 
+def spread(values) -> dict:
+  """Median, min, max and count of repeated measurements."""
+  return dict(median=float(np.median(values)), min=float(min(values)), max=float(max(values)),
+              n=len(values))
+
+
 def synthetic_batch(batch: int, seq_len: int, vocab: int, seed: int = 0) -> dict[str, np.ndarray]:
   """One batch of uniformly random tokens (full rows, one document each)."""
   tokens = np.random.default_rng(seed).integers(0, vocab, (batch, seq_len + 1), dtype=np.int32)

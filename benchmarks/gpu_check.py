@@ -43,6 +43,7 @@ import numpy as np  # noqa: E402
 
 import diff_transformer  # noqa: E402
 from diff_transformer.errors import first_line  # noqa: E402
+from diff_transformer.paths import write_atomic  # noqa: E402
 from diff_transformer.training.peak import calibrate_tflops  # noqa: E402
 
 STAGES = ("env", "correctness", "kernels", "train", "decode", "tests")
@@ -90,9 +91,7 @@ class Record:
 
   def write(self) -> None:
     self.data["seconds"] = round(time.time() - self.data["started"], 1)
-    tmp = self.path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(self.data, indent=1, default=_jsonable) + "\n")
-    os.replace(tmp, self.path)
+    write_atomic(self.path, json.dumps(self.data, indent=1, default=_jsonable) + "\n")
 
 
 def _jsonable(x):
@@ -155,11 +154,6 @@ def interleaved_times(calls: dict, rounds: int, inner: int, deadline: Deadline |
       jax.block_until_ready(out)
       times[k].append((time.perf_counter() - start) / inner)
   return times
-
-
-def spread(values) -> dict:
-  return dict(median=float(np.median(values)), min=float(min(values)), max=float(max(values)),
-              n=len(values))
 
 
 def temp_bytes(compiled) -> int | None:

@@ -15,9 +15,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bench_common import paper_config, small_config
+from bench_common import paper_config, small_config, spread
 from gpu_check import (Deadline, Record, compile_all, error_text, interleaved_times,
-                       lengths_or, lower_or_error, spread, temp_bytes)
+                       lengths_or, lower_or_error, temp_bytes)
 from diff_transformer.kernels import cudnn, executed_flops, reference, xla
 from diff_transformer.kernels.pallas import attention as pallas_attention
 from diff_transformer.model.attention import PAPER_VARIANTS, variant_class

@@ -22,9 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from bench_common import paper_config, small_config, synthetic_batch
-from gpu_check import OPTIONS, Deadline, Record, compile_all, error_text, lengths_or, spread
-from diff_transformer import kernels
+from bench_common import paper_config, small_config, spread, synthetic_batch
+from gpu_check import OPTIONS, Deadline, Record, compile_all, error_text, lengths_or
 from diff_transformer.model import build_model
 from diff_transformer.model import cache as kv_cache
 from diff_transformer.model.attention import PAPER_VARIANTS, variant_class
@@ -176,7 +175,10 @@ def _orbax_check(trainer, step, state, data) -> dict:
     return dict(step=restored_step, save_s=save_s, restore_s=restore_s,
                 losses_after_save=after_save[0], losses_after_restore=after_restore[0],
                 losses_rerun_from_copy=rerun[0],
-                restore_equal=after_save == after_restore, rerun_equal=after_save == rerun,
+                restore_losses_equal=after_save[0] == after_restore[0],
+                restore_params_equal=after_save[1] == after_restore[1],
+                rerun_losses_equal=after_save[0] == rerun[0],
+                rerun_params_equal=after_save[1] == rerun[1],
                 max_loss_diff=max(abs(a - b) for a, b in zip(after_save[0], after_restore[0])))
   except Exception as e:  # recorded
     return dict(error=error_text(e))

@@ -48,7 +48,7 @@ from diff_transformer.training.peak import peak_tflops_per_device  # noqa: E402
 from diff_transformer.training.step import Trainer  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from bench_common import synthetic_batch  # noqa: E402
+from bench_common import spread, synthetic_batch  # noqa: E402
 
 OUT_JSON = ROOT / "benchmarks" / "results" / "throughput.json"
 OUT_PLOT = ROOT / "docs" / "results" / "throughput" / "ratio.png"
@@ -97,10 +97,6 @@ class Bench:
       out = self.trainer.eval_step(self.state, self.batch)
     jax.block_until_ready(out)
     return (time.perf_counter() - start) / steps
-
-
-def spread(values) -> dict:
-  return dict(median=float(np.median(values)), min=float(min(values)), max=float(max(values)))
 
 
 def measure_length(args, seq_len: int, peak_flops: float) -> list[dict]:

@@ -2,11 +2,11 @@
 training/restore.py `export_run` reads the run and hands its model here).
 
 The folder holds config.json, model.safetensors (float32), generation_config.json, tokenizer files
-and a sidecar of the tensors the HF layout folds (see weights.py); a target with bundled modelling
-files (DIFF V2: `hf_diff_v2.py`) carries them too (loaded with trust_remote_code=True). Anything the target class cannot hold
-exactly is refused in one line before any checkpoint is read. A padded vocabulary keeps all its
-rows (config vocab_size = model.vocab_size); the generation config suppresses the ids the
-tokenizer has no token for.
+and a sidecar of the tensors the HF layout folds (see weights.py); a target with bundled
+modelling files (DIFF V2: `hf_diff_v2.py`) carries them too (loaded with trust_remote_code=True).
+Anything the target class cannot hold exactly is refused in one line before any checkpoint is
+read. A padded vocabulary keeps all its rows (config vocab_size = model.vocab_size); the
+generation config suppresses the ids the tokenizer has no token for.
 """
 from __future__ import annotations
 

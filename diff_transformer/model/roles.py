@@ -2,8 +2,8 @@
 
 The optimizer reads these types, never a parameter's name, so a new variant declares its own
 parameters' roles where it creates them and nothing else has to learn their names. A role
-carries its own behaviour: `decay` (whether AdamW decays it) and optionally `decay_flag`, the
-train config key that overrides that default; a new role is one class (anywhere), nothing else:
+carries its own behaviour: `decay_flag`, the train config key that decides whether AdamW decays
+it, or `decay`, a fixed answer; a new role is one class (anywhere), nothing else:
 
 - `nnx.Param`: a weight (matrices, convolution taps): always weight-decayed.
 - `Gain`: a normalisation gain (RMSNorm scale, DIFF's sub-layer norm): decayed only with
@@ -21,17 +21,17 @@ from flax import nnx
 
 class Gain(nnx.Param):
   """A normalisation gain."""
-  decay, decay_flag = False, "decay_norms"
+  decay_flag = "decay_norms"
 
 
 class Lambda(nnx.Param):
   """A differential-attention lambda parameter."""
-  decay, decay_flag = False, "decay_lambda"
+  decay_flag = "decay_lambda"
 
 
 class Embedding(nnx.Param):
   """The token embedding table."""
-  decay, decay_flag = True, "decay_embeddings"
+  decay_flag = "decay_embeddings"
 
 
 class LayerConstant(nnx.Variable):
@@ -40,7 +40,7 @@ class LayerConstant(nnx.Variable):
 
 def decayed(variable: nnx.Variable, train_config) -> bool:
   """Whether AdamW decays this parameter: its role's `decay_flag` in `train_config` when the
-  role names one, else its role's `decay` (a plain nnx.Param, a weight: True)."""
+  role names one, else its role's fixed `decay` (a plain nnx.Param, a weight: True)."""
   kind = type(variable)
   flag = getattr(kind, "decay_flag", None)
   if flag is not None:

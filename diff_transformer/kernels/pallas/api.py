@@ -120,9 +120,9 @@ def attention(q1, k1, v, q2=None, k2=None, lam=None, *, segment_ids=None, causal
     width_v = max(16, 1 << (v.shape[-1] - 1).bit_length())
   if num_warps is None:
     num_warps = 8 if width_v is not None and width_v > 128 else 4
-  cfg = KernelConfig(seq_len=length, block_q=bq, block_k=bk, scale=common.default_scale(q1, scale),
-               causal=causal, backend=backend, interpret=interpret, num_warps=num_warps,
-               num_stages=num_stages)
+  cfg = KernelConfig(seq_len=length, block_q=bq, block_k=bk,
+                     scale=common.default_scale(q1, scale), causal=causal, backend=backend,
+                     interpret=interpret, num_warps=num_warps, num_stages=num_stages)
   lam_BNT = q_seg = kv_seg = None
   if q2 is not None:
     lam_BNT = common.lam_per_query(lam, batch, length, heads).transpose(0, 2, 1)
