@@ -11,6 +11,7 @@ Stages, in order (gpu_check_kernels.py and gpu_check_model.py hold 1-4):
   kernels      forward+backward time and compiled temp memory per path, 830M head shapes
   train        train tokens/s and MFU per variant (830M preset, layers cut), kernel=auto and the
                other explicit path; one orbax save/restore that must reproduce the next losses
+  profile      where a train step's time goes: device kernels per variant by name and class
   decode       KV-cache generation: prefill 2K then 256 tokens, batch 1 and 32
   tests        the CPU test suite's fast subset on this stack
 Each stage writes OUT/gpu_check_<stage>.json after every cell, so a stage stopped by its time
@@ -36,6 +37,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
+# Run as a script this module is __main__; the stage modules' `import gpu_check` must get this
+# same module (its OPTIONS, set by main), not a second copy.
+sys.modules.setdefault("gpu_check", sys.modules[__name__])
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -46,7 +50,7 @@ from diff_transformer.errors import first_line  # noqa: E402
 from diff_transformer.paths import write_atomic  # noqa: E402
 from diff_transformer.training.peak import calibrate_tflops  # noqa: E402
 
-STAGES = ("env", "correctness", "kernels", "train", "decode", "tests")
+STAGES = ("env", "correctness", "kernels", "train", "profile", "decode", "tests")
 EXTRA_STAGES = ("train_orbax",)  # the orbax check alone (a short rerun)
 PACKAGES = ("jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda13-pjrt", "flax", "optax",
             "orbax-checkpoint", "chex", "grain", "ml-collections", "numpy", "triton",
@@ -60,8 +64,9 @@ TEST_SUBSET = ("tests/test_attention_numerics.py", "tests/test_pallas_kernel.py"
 
 
 # Set by main from the command line: lengths (override a stage's GPU lengths), labels (the train
-# stage's groups: auto, other), tag (appended to the output file's name, for a partial rerun).
-OPTIONS: dict = dict(lengths=None, labels=("auto", "other"), tag="")
+# stage's groups: auto, other), tag (appended to the output file's name, for a partial rerun),
+# cases (the correctness groups to run).
+OPTIONS: dict = dict(lengths=None, labels=("auto", "other"), tag="", cases=())
 
 
 def lengths_or(default: tuple[int, ...]) -> tuple[int, ...]:
@@ -236,14 +241,14 @@ def import_all() -> dict:
 
 def stage_tests(out: Path, cpu: bool, seconds: float) -> None:
   """The subset under pytest -n 8 on this stack (CPU). Output goes to a file as it comes, so a
-  run stopped by the cap still records which tests failed so far (-rf lists them at the end)."""
+  run stopped by the cap still records which tests failed so far (-rfE lists them at the end)."""
   rec = Record(out, "tests", subset=list(TEST_SUBSET))
   if cpu:
     rec.set(skipped="CPU mode: the suite itself is what runs on CPU")
     return
   workers = str(min(8, os.cpu_count() or 1))
   env = dict(os.environ, JAX_PLATFORMS="cpu")
-  cmd = [sys.executable, "-m", "pytest", "-q", "-rf", "--tb=line", "-n", workers, "--dist",
+  cmd = [sys.executable, "-m", "pytest", "-q", "-rfE", "--tb=line", "-n", workers, "--dist",
          "loadscope", "-o", "addopts=", "-p", "no:cacheprovider", *TEST_SUBSET]
   log = Path(tempfile.mkdtemp()) / "pytest.log"
   start = time.time()
@@ -274,9 +279,12 @@ def main() -> None:
   p.add_argument("--lengths", default="", help="comma-separated T replacing the stage's (GPU)")
   p.add_argument("--labels", default="auto,other", help="train: kernel=auto and/or the other path")
   p.add_argument("--tag", default="", help="suffix of the output file's name")
+  p.add_argument("--cases", default="", help="correctness: the groups to run, e.g. "
+                 "gqa:256,packed:256,mha:2048 (layout or packed, then T)")
   args = p.parse_args()
   OPTIONS.update(lengths=[int(t) for t in args.lengths.split(",") if t] or None,
-                 labels=tuple(args.labels.split(",")), tag=args.tag)
+                 labels=tuple(args.labels.split(",")), tag=args.tag,
+                 cases=tuple(c for c in args.cases.split(",") if c))
   out = Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
   import gpu_check_kernels  # the stage modules import this one (Record, compile_all, ...)
@@ -286,6 +294,7 @@ def main() -> None:
              train=lambda o, c, s: gpu_check_model.stage_train(o, c, s, args.train_layers),
              train_orbax=lambda o, c, s: gpu_check_model.stage_train(o, c, s, args.train_layers,
                                                                      timing=False),
+             profile=lambda o, c, s: gpu_check_model.stage_profile(o, c, s, args.train_layers),
              decode=lambda o, c, s: gpu_check_model.stage_decode(o, c, s, args.train_layers))
   for stage in (STAGES if args.stage == "all" else (args.stage,)):
     start = time.time()

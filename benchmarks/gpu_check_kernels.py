@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bench_common import paper_config, small_config, spread
-from gpu_check import (Deadline, Record, compile_all, error_text, interleaved_times,
+from gpu_check import (OPTIONS, Deadline, Record, compile_all, error_text, interleaved_times,
                        lengths_or, lower_or_error, temp_bytes)
 from diff_transformer.kernels import cudnn, executed_flops, reference, xla
 from diff_transformer.kernels.pallas import attention as pallas_attention
@@ -115,6 +115,9 @@ def stage_correctness(out: Path, cpu: bool, seconds: float) -> None:
                                                                    ("bfloat16", "float32"), 2)
   cases = [(layout, T, False) for T in lengths for layout in ("mha", "gqa")]
   cases.insert(2, ("gqa", lengths[0], True))
+  if OPTIONS["cases"]:  # a rerun of chosen groups: "gqa:256,packed:256,mha:2048"
+    cases = [("gqa" if c[0] == "packed" else c[0], int(c[1]), c[0] == "packed")
+             for c in (case.split(":") for case in OPTIONS["cases"])]
   kernels = paths(cpu)
   rec = Record(out, "correctness", tolerance=TOLERANCE, batch=batch, lengths=lengths,
                dtypes=dtypes, paths=list(kernels),
@@ -178,9 +181,9 @@ def worst_table(cells: list[dict]) -> dict:
   """{path: {dtype: worst error over every variant, layout and length, or why none}}."""
   table: dict = {}
   for c in cells:
-    slot = table.setdefault(c["path"], {}).setdefault(c["dtype"], dict(worst=0.0, cells=0, failed=0))
-    if "path" not in c:
+    if "path" not in c:  # a group the stage's cap skipped
       continue
+    slot = table.setdefault(c["path"], {}).setdefault(c["dtype"], dict(worst=0.0, cells=0, failed=0))
     if "worst" in c:
       slot["worst"] = max(slot["worst"], c["worst"])
       slot["cells"] += 1

@@ -11,8 +11,8 @@ steps rerun from a copy of the saved state measure that).
 """
 from __future__ import annotations
 
+import re
 import shutil
-import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -110,8 +110,6 @@ def stage_train(out: Path, cpu: bool, seconds: float, layers: int, timing: bool 
     for variant in [v for v in states if v != "diff"]:  # room for the copies the check makes
       del states[variant]
     rec.set(orbax=_orbax_check(run["trainer"], compiled[diff_run], states["diff"], run["data"]))
-    if not cpu and deadline.left() > 20:
-      rec.set(profile=_profile(out, compiled[diff_run], states, run["data"]))
 
 
 def _time_group(ready: dict, compiled: dict, states: dict, rounds: int, steps: int,
@@ -186,22 +184,96 @@ def _orbax_check(trainer, step, state, data) -> dict:
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def _profile(out: Path, step, states, data) -> dict:
-  """A jax.profiler trace of two DIFF steps (TensorBoard / Perfetto), as one archive."""
-  folder = Path(tempfile.mkdtemp(prefix="gpu_check_profile_"))
-  try:
-    with jax.profiler.trace(str(folder)):
-      for _ in range(2):
-        states["diff"], m = step(states["diff"], data)
+# ---------------------------------------------------------------------------------- profile
+
+# Device kernels by what they do, matched on the kernel's name (ours are named by
+# pallas.kernel_name; cuDNN's fused attention carries "sdpa"/"fmha", cuBLAS/CUTLASS GEMMs their
+# library's names). The rest is XLA's own fusions: elementwise work, norms, reductions, copies.
+KERNEL_CLASSES = (("attention", re.compile(r"diff_attention|sdpa|fmha|flash|attention", re.I)),
+                  ("matmul", re.compile(r"gemm|nvjet|cutlass|xmma|cublas|wgmma|matmul|dot", re.I)),
+                  ("memory", re.compile(r"memcpy|memset|copy|transpose", re.I)))
+
+
+def stage_profile(out: Path, cpu: bool, seconds: float, layers: int) -> None:
+  """Where a train step's time goes: a jax.profiler trace of a few steps per variant (kernel=auto,
+  the train stage's first length), its device kernels summed by name and by class."""
+  deadline = Deadline(seconds - 10)
+  tokens, T = (64, 32) if cpu else (16384, lengths_or((2048,))[0])
+  batch, steps = max(1, tokens // T), 3
+  rec = Record(out, "profile", T=T, batch=batch, layers=layers, steps=steps,
+               classes={name: rx.pattern for name, rx in KERNEL_CLASSES} | {"other": "the rest"})
+  runs, lowered = {}, {}
+  for variant in PAPER_VARIANTS:
+    config = _config(variant, cpu, seq_len=T, batch=batch, layers=layers, kernel="auto")
+    trainer = Trainer(config, make_mesh(config.mesh))
+    data = global_batch(trainer.mesh, synthetic_batch(batch, T, config.model.vocab_size))
+    runs[variant] = dict(trainer=trainer, data=data,
+                         runs=executed_flops_per_token(trainer.spec, T)[1])
+    lowered[variant] = trainer.lower_train_step(data)
+  start = time.time()
+  compiled = compile_all(lowered, 16)
+  rec.set(compile_s=round(time.time() - start, 1))
+  for variant, r in runs.items():
+    if deadline.left() < 0:
+      rec.add(dict(variant=variant, skipped="stage time cap"))
+      continue
+    if isinstance(compiled[variant], BaseException):
+      rec.add(dict(variant=variant, error=error_text(compiled[variant])))
+      continue
+    folder = Path(tempfile.mkdtemp(prefix="gpu_check_profile_"))
+    try:
+      state = r["trainer"].init()
+      state, m = compiled[variant](state, r["data"])  # warm-up
       jax.block_until_ready(m)
-    archive = out / "gpu_check_profile_train_diff.tar.gz"
-    with tarfile.open(archive, "w:gz") as tar:
-      tar.add(folder, arcname="profile")
-    return dict(archive=archive.name, bytes=archive.stat().st_size)
-  except Exception as e:  # recorded
-    return dict(error=error_text(e))
-  finally:
-    shutil.rmtree(folder, ignore_errors=True)
+      with jax.profiler.trace(str(folder)):
+        t0 = time.perf_counter()
+        for _ in range(steps):
+          state, m = compiled[variant](state, r["data"])
+        jax.block_until_ready(m)
+        step_s = (time.perf_counter() - t0) / steps
+      del state
+      rec.add(dict(variant=variant, runs=r["runs"], step_ms=1e3 * step_s,
+                   **kernel_times(folder, steps)))
+    except Exception as e:  # recorded
+      rec.add(dict(variant=variant, error=error_text(e)))
+    finally:
+      shutil.rmtree(folder, ignore_errors=True)
+  base = next((c for c in rec.data["cells"] if c["variant"] == "transformer" and "ms" in c), None)
+  if base is not None:
+    rec.set(extra_ms_vs_transformer={
+        c["variant"]: {k: round(c["ms"].get(k, 0.0) - base["ms"].get(k, 0.0), 2)
+                       for k in {*c["ms"], *base["ms"]}}
+        for c in rec.data["cells"] if "ms" in c and c is not base})
+
+
+def kernel_times(folder: Path, steps: int, top: int = 25) -> dict:
+  """Per-step milliseconds of the trace's device kernels: by class and the `top` kernels by name.
+  On a GPU the kernels are the device plane's stream lines (its derived "XLA Ops"/"XLA Modules"
+  lines would count them twice); on a CPU, the host's events that carry an hlo_op (there a
+  while loop's event holds its body's: the CPU figures exercise this code, they time nothing)."""
+  from jax.profiler import ProfileData
+  trace = ProfileData.from_file(str(next(folder.rglob("*.xplane.pb"))))
+  by_name: dict = {}
+  for plane in trace.planes:
+    device = plane.name.startswith(("/device:GPU", "/device:TPU"))
+    for line in plane.lines:
+      if device and not line.name.startswith("Stream"):
+        continue
+      for event in line.events:
+        stats = dict(event.stats)
+        if not device and "hlo_op" not in stats:
+          continue
+        slot = by_name.setdefault(event.name, dict(ns=0.0, calls=0, hlo_op=stats.get("hlo_op")))
+        slot["ns"] += event.duration_ns
+        slot["calls"] += 1
+  ms: dict = {}
+  for name, slot in by_name.items():
+    kind = next((k for k, rx in KERNEL_CLASSES if rx.search(name)), "other")
+    ms[kind] = ms.get(kind, 0.0) + slot["ns"] / 1e6 / steps
+  ranked = sorted(by_name.items(), key=lambda kv: -kv[1]["ns"])[:top]
+  return dict(busy_ms=round(sum(ms.values()), 3), ms={k: round(v, 3) for k, v in ms.items()},
+              kernels=[dict(name=n[:160], hlo_op=s["hlo_op"], ms=round(s["ns"] / 1e6 / steps, 3),
+                            calls=s["calls"] / steps) for n, s in ranked])
 
 
 # ----------------------------------------------------------------------------------- decode
@@ -245,9 +317,11 @@ def stage_decode(out: Path, cpu: bool, seconds: float, layers: int) -> None:
   start = time.time()
   compiled = compile_all(lowered, 16)
   rec.set(compile_s=round(time.time() - start, 1), programs=len(lowered))
+  print(f"decode: {len(lowered)} programs compiled in {time.time() - start:.1f} s", flush=True)
   for variant, m in models.items():
     spec = m["spec"]
     m["state"] = jax.jit(lambda spec=spec: nnx.split(build_model(spec, nnx.Rngs(0)))[1])()
+  print(f"decode: models built at {time.time() - start:.1f} s", flush=True)
   for batch in batches:
     times = {v: dict(prefill=[], decode=[]) for v in models}
     failed = {v: error_text(compiled[(v, batch, n)]) for v in models for n in ("prefill", "step")
@@ -274,6 +348,7 @@ def stage_decode(out: Path, cpu: bool, seconds: float, layers: int) -> None:
         if r:
           times[variant]["prefill"].append(t1 - t0)
           times[variant]["decode"].append(t2 - t1)
+      print(f"decode: batch {batch} round {r} done at {time.time() - start:.1f} s", flush=True)
     base = times["transformer"]["decode"]
     for variant in models:
       cell = dict(variant=variant, batch=batch)

@@ -1,4 +1,5 @@
 """Bad configs fail before any work, with one line naming the field and the constraint."""
+import os
 import subprocess
 import sys
 
@@ -64,7 +65,9 @@ def test_mistyped_key_in_python_and_on_the_command_line():
   with pytest.raises(ConfigError, match="model.num_layer: unknown key"):
     validate(c)
   out = subprocess.run([sys.executable, "train.py", "--config.model.num_layer=3", "--dry_run"],
-                       capture_output=True, text=True, env={"JAX_PLATFORMS": "cpu", "PATH": ""})
+                       capture_output=True, text=True,
+                       env={"JAX_PLATFORMS": "cpu", "PATH": "",
+                            "PYTHONPATH": os.environ.get("PYTHONPATH", "")})
   assert out.returncode != 0
   assert out.stderr.strip().splitlines()[-1].startswith("error: unknown config key")
 

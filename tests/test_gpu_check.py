@@ -23,7 +23,8 @@ def results(tmp_path_factory) -> dict:
 
 
 def test_every_stage_wrote_its_record(results):
-  assert set(results) == {"env", "correctness", "kernels", "train", "decode", "tests"}
+  assert set(results) == {"env", "correctness", "kernels", "train", "profile", "decode",
+                          "tests"}
   for stage, record in results.items():
     assert record["stage"] == stage and record["versions"]["jax"], stage
   assert results["env"]["imports"]["modules"] > 50 and not results["env"]["imports"]["failed"]
@@ -53,3 +54,13 @@ def test_kernel_train_and_decode_stages_measure_every_variant(results):
   assert orbax["losses_after_restore"] == orbax["losses_after_save"], orbax
   decode = results["decode"]["cells"]
   assert len(decode) == 8 and all(c["decode_tokens_per_s"] > 0 for c in decode)
+
+
+def test_profile_sums_each_variants_kernels_by_class(results):
+  profile = results["profile"]
+  assert [c["variant"] for c in profile["cells"]] == ["transformer", "diff", "shared_diff",
+                                                      "diff_v2"]
+  for c in profile["cells"]:
+    assert c["step_ms"] > 0 and c["kernels"] and set(c["ms"]) <= {*profile["classes"]}
+    assert c["busy_ms"] == pytest.approx(sum(c["ms"].values()), abs=0.01)
+  assert set(profile["extra_ms_vs_transformer"]) == {"diff", "shared_diff", "diff_v2"}

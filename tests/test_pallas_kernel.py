@@ -143,7 +143,8 @@ def test_registry_dispatches_to_pallas():
 
 
 def _run(code_or_args: list[str], extra_env: dict | None = None) -> subprocess.CompletedProcess:
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT), **(extra_env or {}))
+  path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])  # keep what is there
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=path, **(extra_env or {}))
   return subprocess.run([sys.executable, *code_or_args], cwd=ROOT, env=env, capture_output=True,
                         text=True, timeout=300)
 

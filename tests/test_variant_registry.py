@@ -80,7 +80,8 @@ def test_a_registered_variant_runs_everywhere(toy_variant, tmp_path):
   shutil.rmtree(workdir / "eval")
   proc = subprocess.run([sys.executable, "eval.py", f"--workdir={workdir}", "--suites=task",
                          "--quick"], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                        env=dict(os.environ, PYTHONPATH=f"{ROOT / 'tests'}:{ROOT}"))
+                        env=dict(os.environ, PYTHONPATH=os.pathsep.join(
+                            [str(ROOT / "tests"), str(ROOT), os.environ.get("PYTHONPATH", "")])))
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert json.loads((workdir / "eval" / "task.json").read_text())["step"] == 6
 

@@ -22,15 +22,15 @@ if [[ "${1:-}" == "--fetch-wheels" ]]; then
 fi
 MODE=()
 # Stage caps in seconds. Compiling dominates on the GPU (measured on an H200: 12 attention
-# programs 46 s, 16 train steps 61 s, 16 decode programs 40 s), so the stages take two calls of
+# programs 42-56 s, 16 train steps 38-61 s, 16 decode programs 34-40 s), so the stages take two calls of
 # about 5.5 minutes: --part 1 and --part 2.
-CAPS=(env:20 decode:120 correctness:170 kernels:150 train:150 tests:60)
+CAPS=(env:20 decode:120 correctness:170 kernels:150 train:150 profile:80 tests:60)
 case "${1:-}" in
   --part) [[ "$2" == 1 ]] && CAPS=("${CAPS[@]:0:3}") || CAPS=("${CAPS[@]:3}"); shift 2 ;;
 esac
 if [[ "${1:-}" == "--cpu" ]]; then
   MODE=(--cpu); shift
-  CAPS=(env:120 correctness:240 kernels:240 train:240 decode:240 tests:10)
+  CAPS=(env:120 correctness:240 kernels:240 train:240 profile:240 decode:240 tests:10)
 fi
 if [[ -n "${GPU_CHECK_STAGES:-}" ]]; then  # e.g. "correctness:100 decode:60" for a rerun
   read -r -a CAPS <<< "$GPU_CHECK_STAGES"

@@ -34,6 +34,11 @@ class KernelConfig:
     return length != self.seq_len
 
 
+def kernel_name(kernel) -> str:
+  """The compiled kernel's name ("diff_attention_fwd_kernel", ...): profiles tell ours apart."""
+  return "diff_attention_" + getattr(kernel, "func", kernel).__name__.strip("_")
+
+
 def dot(a: Array, b: Array, *, trans_a: bool = False, trans_b: bool = False) -> Array:
   """a @ b with optional transposes and float32 accumulation."""
   contract = ((0 if trans_a else 1,), (1 if trans_b else 0,))

@@ -35,7 +35,7 @@ def call(kernel, cfg: KernelConfig, grid, inputs, out_shapes, scratch, num_arbit
     kernel(dict(zip(names + out_names + list(scratch), refs)))
 
   outs = pl.pallas_call(
-      body,
+      body, name=_math.kernel_name(kernel),
       grid=grid,
       in_specs=[inputs[n][1] for n in names],
       out_specs=[out_shapes[n][1] for n in out_names],

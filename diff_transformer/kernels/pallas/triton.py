@@ -30,7 +30,7 @@ def _call(kernel, cfg: KernelConfig, grid, inputs, out_shapes):
     kernel(dict(zip(names + out_names, refs)))
 
   outs = pl.pallas_call(
-      body, grid=grid,
+      body, name=_math.kernel_name(kernel), grid=grid,
       in_specs=[inputs[n][1] for n in names],
       out_specs=[out_shapes[n][1] for n in out_names],
       out_shape=[out_shapes[n][0] for n in out_names],
