@@ -19,7 +19,7 @@ from diff_transformer.params import heads_for
 from diff_transformer.study import markdown, paired, run_metrics, runner, study_json, summarize
 from diff_transformer.study.definition import Study
 from diff_transformer.study.stats import censored_median, holm, min_p, sign_flip_p
-from tests.helpers.studies import TINY_STUDY
+from tests.helpers.studies import CELLS_STUDY, TINY_STUDY
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -252,3 +252,46 @@ def test_sized_study_points_and_a_grid_at_one_size():
   for bad in ("diff-d32-s0", "diff-d64-lr0.004-s0", f"diff-d64-s{seed}x", "diff-d64-lrx-s0"):
     with pytest.raises(UserError, match=f"unknown point '{re.escape(bad)}'"):
       s.parse(bad)
+
+
+def test_a_study_of_derived_cells_and_named_pairs_runs_reports_and_rebuilds(tmp_path):
+  """Cells beyond the variants: an ablation trains at its parent's grid lr, a cell with its own
+  grid at its own; the primary family is the pre-named pairs (Holm over them), each a - b over
+  the same seeds, beside its published figure; the records alone rebuild the same result."""
+  file = tmp_path / "cells_study.py"
+  file.write_text(CELLS_STUDY)
+  root = tmp_path / "root"
+  result = study(tmp_path, f"--study={file}", "--quick", f"--root={root}")
+  assert result.returncode == 0, result.stderr[-2000:]
+  data = json.loads((root / "study.json").read_text())
+  grid = data["lr_grid"]
+  assert set(grid["chosen"]) == {"transformer", "diff_v2", "transformer@warm1"}
+  lr = {r["variant"]: r["lr"] for r in data["runs"]}
+  assert lr["transformer@wd0"] == grid["chosen"]["transformer"] == lr["transformer"]
+  assert lr["transformer@warm1"] == grid["chosen"]["transformer@warm1"]
+  setting = json.loads((root / "records" / "transformer@warm1-s1.json").read_text())["setting"]
+  assert setting["train.weight_decay"] == 0.0 and setting["train.warmup_steps"] == 1
+  pairs = ["diff_v2 vs transformer", "transformer@wd0 vs transformer",
+           "transformer@warm1 vs transformer@wd0"]
+  assert list(data["paired"]) == pairs and data["study"]["design"]["primary"]["comparisons"] == 3
+  by = {(r["variant"], r["seed"]): r["final_loss"] for r in data["runs"]}
+  entry = data["paired"]["transformer@warm1 vs transformer@wd0"]["final_loss"]
+  assert entry["mean_diff"] == pytest.approx(
+      sum(by["transformer@warm1", s] - by["transformer@wd0", s] for s in (0, 1)) / 2)
+  primary = [data["paired"][p]["final_loss"] for p in pairs]
+  assert all(e["family"] == "primary" and e["p_holm"] >= e["p"] for e in primary)
+  cells = data["study"]["cells"]
+  assert cells["transformer@wd0"]["lr_from"] == "transformer" and cells["diff_v2"]["parent"] is None
+  text = (root / "report.md").read_text()
+  assert "## Cells" in text and "3 pre-named pairs (a - b), Holm over 3" in text
+  assert "| diff_v2 - transformer |" in text and "-0.500" in text and "a test figure" in text
+  # The records alone rebuild the same pairs (workdirs gone: committed records on a new machine).
+  tiny = cli.load_definition(str(file), "study", "STUDY").validate().quick()
+  for workdir in [root / p for p in tiny.points()] + [root / "lr_grid"]:
+    shutil.rmtree(workdir)
+  status, grid_again = runner.run(tiny, str(file), root, train=False)
+  assert set(status.values()) == {"recorded"} and grid_again == grid
+  origin = {k: data["study"][k] for k in ("command", "wall_seconds", "invocations", "machine")}
+  rebuilt = study_json.strict(study_json.build(tiny, runner.collect(tiny, root, grid_again),
+                                               grid_again, [], origin))
+  assert rebuilt["paired"] == data["paired"] and rebuilt["study"]["cells"] == cells

@@ -329,3 +329,53 @@ def test_a_run_records_its_code_and_a_study_over_two_versions_says_so(tmp_path, 
   result = dict(study=dict(code_versions=study_json.code_versions(runs), seeds=[0]), lr_grid={})
   first = opening.limits(result)[0]
   assert first.startswith("**Runs from 2 code versions**") and "0000000000" in first
+
+
+CELL_REFUSALS = {  # a badly made derived cell or pair -> the words of its one-line refusal
+    "dash": (dict(derived=(("t-x", "transformer"),), variants=("transformer", "t-x")),
+             "derived cell 't-x' must be a new, unique name without '-'"),
+    "cycle": (dict(derived=(("a", "b"), ("b", "a")), variants=("transformer", "a")),
+              "must end at a registered variant, without a cycle"),
+    "unregistered_root": (dict(derived=(("a", "nope"),), variants=("transformer", "a")),
+                          "must end at a registered variant"),
+    "lr_parent_not_compared": (dict(derived=(("a", "diff"),), variants=("transformer", "a")),
+                               "trains at the lr of 'diff', which is not compared here"),
+    "pair_unknown": (dict(comparisons=(("diff", "nope"),)), "must be two distinct names"),
+    "pair_repeated": (dict(comparisons=(("diff", "transformer"), ("diff", "transformer"))),
+                      "comparisons repeat a pair"),
+    "published_unpaired": (dict(comparisons=(("diff", "transformer"),),
+                                published=(("diff_v2", "transformer", 0.1),)),
+                           "must name one of the comparisons"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CELL_REFUSALS))
+def test_derived_cells_and_pairs_are_checked_before_any_run(case):
+  from diff_transformer.study import Cell
+  from diff_transformer.errors import ConfigError
+  fields, words = CELL_REFUSALS[case]
+  fields = dict(fields)
+  fields["derived"] = tuple(Cell(*c) for c in fields.get("derived", ()))
+  study = dataclasses.replace(retrieval(), **fields)
+  with pytest.raises(ConfigError, match=re.escape(words)) as refused:
+    study.validate(design=False)
+  assert len(str(refused.value).splitlines()) == 1
+
+
+def test_the_table6_study_names_its_cells_pairs_and_lrs():
+  """Its six pairs resolve at 10 seeds; the ablations train at their parent's lr; its
+  transformer and diff points are the LM study's very settings (their records are reused)."""
+  table6 = cli.load_definition(str(ROOT / "configs/studies/lm_table6.py"), "study",
+                               "STUDY").validate()
+  lm = cli.load_definition(str(ROOT / "configs/studies/lm.py"), "study", "STUDY")
+  assert table6.design()["primary"] == dict(comparisons=6, smallest_p=6 * 2 / 2 ** 10,
+                                            can_resolve=True, seeds_needed=8)
+  assert table6.grid_cells() == ["transformer", "diff", "transformer@2x64"]
+  assert {v: table6.lr_source(v) for v in table6.variants if "@" in v} == {
+      "transformer@2x64": "transformer@2x64", "transformer@2x64norm": "transformer@2x64",
+      "diff@nosubln": "diff", "diff@lambda0.8": "diff", "diff@lambda0.5": "diff"}
+  from diff_transformer.training.run_record import setting
+  for point in ("transformer-s3", "diff-s7", "transformer-lr0.004-s1000"):
+    assert setting(table6.get_config(point)) == setting(lm.get_config(point)), point
+  m = table6.get_config("transformer@2x64norm-s0").model
+  assert (m.num_heads, m.head_dim, m.head_norm, m.variant) == (2, 64, True, "transformer")

@@ -198,3 +198,34 @@ def test_a_refused_record_write_keeps_the_records_before_it(tmp_path, monkeypatc
   assert records.read(tmp_path, "a", config)["seed"] == 0
   assert not records.path(tmp_path, "b").exists()
   assert not list(records.path(tmp_path, "b").parent.glob(".*tmp*"))
+
+
+@pytest.mark.parametrize("name", ["lm", "retrieval"])
+def test_committed_studies_rebuild_from_their_records_unchanged(tmp_path, name):
+  """Every committed record still matches its point's setting (an option added to the config
+  later must not orphan them), and study.json and report.md rebuild from them byte for byte,
+  apart from the note that names the rebuild."""
+  import shutil
+  from diff_transformer.study import markdown, runner, study_json
+  committed = ROOT / "docs" / "results" / f"study_{name}"
+  results = tmp_path / name
+  shutil.copytree(committed, results)
+  study = cli.load_definition(str(ROOT / "configs" / "studies" / f"{name}.py"), "study",
+                              "STUDY").validate()
+  status, grid = runner.run(study, "", tmp_path / "root", results, train=False)
+  assert set(status.values()) == {"recorded"}, status
+  runs = runner.collect(study, results, grid)
+  origin = study_json.provenance(results, "python study.py --report_only", 0.0, 0, rebuild=True)
+  result = study_json.build(study, runs, grid, [], origin)
+  study_json.write_json(result, results)
+  markdown.write(result, results)
+  rebuilt, before = (json.loads((d / "study.json").read_text()) for d in (results, committed))
+  assert rebuilt["study"].pop("rebuilt")["command"] == "python study.py --report_only"
+  before["study"].pop("rebuilt", None)  # a committed rebuild names its own
+  assert rebuilt == before
+
+  def report(folder):
+    return [line for line in (folder / "report.md").read_text().splitlines()
+            if not line.startswith("This report was rebuilt from the run records")]
+  assert report(results) == report(committed)
+  assert (results / "invocations.jsonl").read_bytes() == (committed / "invocations.jsonl").read_bytes()

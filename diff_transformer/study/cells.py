@@ -50,3 +50,8 @@ def diff(p: dict | None) -> str:
 def table(header: list[str], rows: list[list]) -> list[str]:
   return (["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] +
           ["| " + " | ".join(str(c) for c in row) + " |" for row in rows])
+
+
+def against(result: dict) -> str:
+  """What a study's paired differences are taken against, for table headings."""
+  return "per pre-named pair (a - b)" if result["study"].get("comparisons") else "vs the Transformer"

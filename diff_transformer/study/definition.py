@@ -4,7 +4,9 @@ A study file (configs/studies/*.py) defines `STUDY = Study(...)` and `get_config
 STUDY.get_config`, so a point trains as `python train.py --config=<file>:<point>`. Points:
 
 - `<variant>[-<size>]-s<seed>`: a compared run. Seed s sets both data.seed (the same data order
-  for every variant) and train.seed (init).
+  for every variant) and train.seed (init). A compared name is a registered variant or a
+  derived cell (`Cell`: a parent with config overrides, e.g. `transformer@2x64`), which trains
+  at its own grid's lr or at its parent's.
 - `<variant>[-<size>]-lr<lr>-s<seed>`: a learning-rate grid run, seed one of `lr_grid_seeds`,
   which no compared run uses, so the lr is not picked on the seeds that are then compared. The
   grid is judged by the study's primary metric at the full budget (study/grid.py).
@@ -13,8 +15,9 @@ The runner pins what the in-process study decided (lr, grid steps and seed, over
 child's command line, so a child that loads the study file afresh trains exactly that point.
 
 The design is checked before any run (`validate`): the primary family (one comparison per
-variant against the Transformer, Holm-corrected) must be able to reach p < 0.05 at the study's
-number of seeds, or the study is refused unless marked exploratory.
+variant against the Transformer, or the study's pre-named `comparisons`, Holm-corrected) must
+be able to reach p < 0.05 at the study's number of seeds, or the study is refused unless marked
+exploratory.
 """
 from __future__ import annotations
 
@@ -41,6 +44,17 @@ class Point(NamedTuple):
   lr: float | None  # a grid point's lr; None for a compared point
 
 
+class Cell(NamedTuple):
+  """A compared cell beyond the variants: `parent` (a variant or another cell) with config
+  overrides, e.g. Cell("transformer@2x64", "transformer", (("model.num_heads", 2),
+  ("model.head_dim", 64)), own_lr=True). An ablation (own_lr=False) trains at the lr its
+  parent's grid chose; own_lr=True gives it a grid of its own."""
+  name: str
+  parent: str
+  overrides: tuple[tuple[str, object], ...] = ()
+  own_lr: bool = False
+
+
 def level(metric: str) -> float | None:
   """The accuracy level of a `steps_to_<pct>` metric (0.9 for steps_to_90), else None."""
   head, _, pct = metric.partition("@")[0].partition("steps_to_")
@@ -53,7 +67,14 @@ class Study:
   # variant -> full config; with `sizes`, (variant, size) -> full config
   make: Callable[..., ml_collections.ConfigDict]
   seeds: tuple[int, ...] = tuple(range(8))
-  variants: tuple[str, ...] = PAPER_VARIANTS
+  variants: tuple[str, ...] = PAPER_VARIANTS  # what is compared: variants and derived cells
+  derived: tuple[Cell, ...] = ()  # the cells among `variants` that are not registered variants
+  # The primary family's pre-named (a, b) pairs, each a - b; empty: each variant - BASELINE.
+  comparisons: tuple[tuple[str, str], ...] = ()
+  # A published figure per pre-named pair (a, b, a - b in the source's units), shown beside the
+  # study's; `published_source` names the source and its units.
+  published: tuple[tuple[str, str, float], ...] = ()
+  published_source: str = ""
   sizes: tuple[str, ...] = ()  # model sizes (LM studies); empty: one setting
   # The one metric named before the run (its family: one comparison per variant), and the few
   # pre-named secondary metrics (one family, Holm within it). Every other metric is descriptive.
@@ -107,6 +128,33 @@ class Study:
       study = dataclasses.replace(study, exploratory=True)
     return dataclasses.replace(study, name=name) if name else study
 
+  def derived_cell(self, name: str) -> Cell | None:
+    return next((c for c in self.derived if c.name == name), None)
+
+  def root_variant(self, name: str) -> str:
+    """The registered variant a compared name is built from."""
+    cell = self.derived_cell(name)
+    return name if cell is None else self.root_variant(cell.parent)
+
+  def cell_overrides(self, name: str) -> tuple[tuple[str, object], ...]:
+    """A derived cell's overrides after its parents' (a registered variant has none)."""
+    cell = self.derived_cell(name)
+    return () if cell is None else self.cell_overrides(cell.parent) + cell.overrides
+
+  def lr_source(self, name: str) -> str:
+    """The compared name whose grid chooses this one's lr (itself, or an ablation's parent)."""
+    cell = self.derived_cell(name)
+    return name if cell is None or cell.own_lr else self.lr_source(cell.parent)
+
+  def pairs(self) -> list[tuple[str, str]]:
+    """The primary family: the pre-named pairs, or each variant against the Transformer."""
+    return list(self.comparisons) or [(v, BASELINE) for v in self.variants if v != BASELINE]
+
+  def pair_name(self, a: str, b: str) -> str:
+    """A pair's key in study.json: "a vs b"; the variant alone in a study without pre-named
+    pairs (every pair is then against the Transformer)."""
+    return f"{a} vs {b}" if self.comparisons else a
+
   def cells(self) -> list[tuple[str, str]]:
     """(variant, size) pairs; size '' for a study without sizes."""
     return [(v, s) for s in (self.sizes or ("",)) for v in self.variants]
@@ -120,7 +168,7 @@ class Study:
 
   def grid_cells(self) -> list[str]:
     return [self.cell_name(v, z) for v, z in self.cells()
-            if not self.lr_grid_size or z == self.lr_grid_size]
+            if (not self.lr_grid_size or z == self.lr_grid_size) and self.lr_source(v) == v]
 
   def grid_point(self, cell: str, lr: float, seed: int) -> str:
     return f"{cell}-lr{lr:g}-s{seed}"
@@ -133,7 +181,7 @@ class Study:
   def grid_cell(self, point: str) -> str:
     """The grid cell whose chosen lr a compared point trains at."""
     p = self.parse(point)
-    return self.cell_name(p.variant, self.lr_grid_size or p.size)
+    return self.cell_name(self.lr_source(p.variant), self.lr_grid_size or p.size)
 
   @property
   def level(self) -> float | None:
@@ -147,7 +195,8 @@ class Study:
     seed_number = number(seed, int)
     grid_seed = seed_number is not None and seed_number[0] in self.lr_grid_seeds
     if (variant not in self.variants or size not in (self.sizes or ("",)) or not seed_number or
-        (has_lr and lr is None) or bool(has_lr) != grid_seed):
+        (has_lr and lr is None) or bool(has_lr) != grid_seed or
+        (has_lr and self.lr_source(variant) != variant)):
       raise ConfigError(f"study {self.name}: unknown point '{point}'; points are "
                         f"<variant>{'-<size>' if self.sizes else ''}-s<seed> or "
                         f"-lr<lr>-s<grid seed {list(self.lr_grid_seeds)}> with variant in "
@@ -157,8 +206,9 @@ class Study:
 
   def get_config(self, point: str) -> ml_collections.ConfigDict:
     p = self.parse(point)
-    config = self.make(p.variant, p.size) if self.sizes else self.make(p.variant)
-    for key, value in self.overrides:
+    root = self.root_variant(p.variant)
+    config = self.make(root, p.size) if self.sizes else self.make(root)
+    for key, value in self.cell_overrides(p.variant) + self.overrides:
       set_key(config, key, value)
     t = config.train
     if p.lr is not None:
@@ -204,8 +254,8 @@ class Study:
 
   def families(self) -> dict[str, int]:
     """{family: number of comparisons}: the primary and the pre-named secondaries."""
-    others = len(self.variants) - (BASELINE in self.variants)
-    return dict(primary=others, secondary=others * len(self.secondary))
+    primary = len(self.pairs())
+    return dict(primary=primary, secondary=primary * len(self.secondary))
 
   def design(self) -> dict:
     """What the design can show: per family its size, the smallest p it can reach after Holm at
@@ -216,17 +266,49 @@ class Study:
                          seeds_needed=seeds_needed(m) if m else 0)
             for family, m in self.families().items()}
 
+  def _validate_cells(self) -> None:
+    """Derived cells name a chain that ends at a registered variant; an ablation's lr comes from
+    a compared grid; the pre-named pairs compare two distinct compared names."""
+    names = [c.name for c in self.derived]
+    for cell in self.derived:
+      if not cell.name or "-" in cell.name or known_variant(cell.name) or names.count(cell.name) > 1:
+        raise ConfigError(f"study {self.name}: derived cell '{cell.name}' must be a new, unique "
+                          "name without '-' (points are <name>-s<seed>)")
+      chain, parent = [cell.name], cell.parent
+      while self.derived_cell(parent) and parent not in chain:
+        chain.append(parent)
+        parent = self.derived_cell(parent).parent
+      if parent in chain or not known_variant(parent):
+        raise ConfigError(f"study {self.name}: derived cell '{cell.name}': its parents "
+                          f"{chain[1:] + [parent]} must end at a registered variant, without a "
+                          "cycle")
+      if self.lr_grid and cell.name in self.variants and self.lr_source(cell.name) not in self.variants:
+        raise ConfigError(f"study {self.name}: derived cell '{cell.name}' trains at the lr of "
+                          f"'{self.lr_source(cell.name)}', which is not compared here; add it "
+                          "to the variants or give the cell own_lr=True")
+    for pair in self.comparisons:
+      if len(pair) != 2 or pair[0] == pair[1] or not set(pair) <= set(self.variants):
+        raise ConfigError(f"study {self.name}: comparison {pair} must be two distinct names "
+                          f"among the compared {list(self.variants)}")
+    if len(set(self.comparisons)) != len(self.comparisons):
+      raise ConfigError(f"study {self.name}: comparisons repeat a pair: {self.comparisons}")
+    for a, b, value in self.published:
+      if (a, b) not in self.comparisons or not isinstance(value, (int, float)):
+        raise ConfigError(f"study {self.name}: published figure {(a, b, value)} must name one "
+                          "of the comparisons and a number")
+
   def validate(self, design: bool = True) -> "Study":
     """Every point builds a valid config and (with `design`) the design can conclude; checked
     before any run."""
     if not self.seeds or len(set(self.seeds)) != len(self.seeds):
       raise ConfigError(f"study {self.name}: seeds must be distinct and non-empty, got "
                         f"{self.seeds}")
-    unknown = [v for v in self.variants if not known_variant(v)]
+    unknown = [v for v in self.variants if not known_variant(v) and not self.derived_cell(v)]
     if unknown or not self.variants or len(set(self.variants)) != len(self.variants):
       raise ConfigError(f"study {self.name}: variants must be distinct, non-empty and "
-                        f"registered ({', '.join(variant_names())}) or module:Class, got "
-                        f"{self.variants}")
+                        f"registered ({', '.join(variant_names())}), module:Class or a derived "
+                        f"cell's name, got {self.variants}")
+    self._validate_cells()
     if self.eval_rows <= 0 or self.attention_rows <= 0 or self.ar_hit_context <= 0:
       raise ConfigError(f"study {self.name}: eval_rows, attention_rows and ar_hit_context must "
                         "be positive")

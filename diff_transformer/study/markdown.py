@@ -9,7 +9,7 @@ from pathlib import Path
 from diff_transformer.evaluation import floors
 from diff_transformer.paths import write_atomic
 from diff_transformer.study import opening, plots, text_report
-from diff_transformer.study.cells import diff, num, pm, table
+from diff_transformer.study.cells import against, diff, num, pm, signed, table
 from diff_transformer.study.definition import BASELINE
 from diff_transformer.study.study_json import informative_slices
 
@@ -87,14 +87,54 @@ def _secondary(result: dict, metrics: list[str]) -> list[str]:
     why = ("" if design.get("can_resolve") else
            f" This family cannot reach p < 0.05 after Holm at {len(result['study']['seeds'])} "
            f"seeds (it needs {design.get('seeds_needed')}): read it as descriptive.")
-    lines += (["## Pre-named secondary metrics: paired difference vs the Transformer", "",
+    lines += ([f"## Pre-named secondary metrics: paired difference {against(result)}", "",
                "mean [95% t interval] (n), exact p, Holm-adjusted p within this family." + why,
                ""] + table(["metric"] + list(compared), named) + [""])
-  lines += (["## Descriptive: paired difference vs the Transformer (no p)", "",
+  lines += ([f"## Descriptive: paired difference {against(result)} (no p)", "",
              "Mean difference over seeds (n). Not tested: a pattern here is a question for "
              "a study that names it in advance, not a finding.", ""] +
             table(["metric"] + list(compared), rows("descriptive")) + [""])
   return lines
+
+
+def _cells(result: dict) -> list[str]:
+  """The compared cells: what each is built from and at which lr it trained."""
+  rows = []
+  for v, c in result["study"]["cells"].items():
+    lr = "-" if c["lr"] is None else f"{c['lr']:g}"
+    source = "its own grid" if c["lr_from"] == v else f"{c['lr_from']}'s grid"
+    rows.append([v, c["parent"] or "registered variant",
+                 ", ".join(f"{k}={x}" for k, x in c["overrides"].items()) or "-",
+                 f"{lr} ({source})",
+                 ", ".join(f"{n:,}" for n in c["params"]) or "-"])
+  return (["## Cells", ""] +
+          table(["cell", "built from", "overrides (after its parent's)", "lr", "parameters"], rows)
+          + [""])
+
+
+def _pairs_primary(result: dict) -> list[str]:
+  """The primary family of pre-named pairs, each beside its published figure."""
+  info, summary, paired = result["study"], result["summary"], result["paired"]
+  primary = info["primary"]
+  published = {(a, b): x for a, b, x in info.get("published", [])}
+  rows = []
+  for a, b in info["comparisons"]:
+    entry = (paired.get(f"{a} vs {b}") or {}).get(primary)
+    ours = entry["mean_diff"] if entry and entry["n"] else math.nan
+    theirs = published.get((a, b))
+    same = ("-" if theirs is None or math.isnan(ours) or not ours or not theirs else
+            "yes" if (ours > 0) == (theirs > 0) else "no")
+    rows.append([f"{a} - {b}", pm(summary.get(a, {}).get(primary)),
+                 pm(summary.get(b, {}).get(primary)), diff(entry),
+                 "-" if theirs is None else signed(theirs), same])
+  source = info.get("published_source") or "the published figure"
+  return ([f"## Primary: `{primary}`, {len(rows)} pre-named pairs (a - b), Holm over "
+           f"{len(rows)}", ""] +
+          table(["pair", "a: mean ± std", "b: mean ± std", "paired difference a - b",
+                 "published a - b", "same sign"], rows) +
+          ["", f"Published: {source}. 'Same sign' compares the two mean differences' signs "
+           "only; a pair whose Holm p is 0.05 or more is not resolved here, and its sign is "
+           "not a finding.", ""])
 
 
 def _speed_notes(result: dict) -> list[str]:
@@ -134,18 +174,25 @@ def write(result: dict, root: Path) -> Path:
                                                            else [])
   elif "task_params" in result["study"]:
     slices = [f"accuracy:{s}" for s in result["runs"][0]["accuracy"]]
-    lines += _task_primary(result) + _speed_notes(result) + _task_slices(result, root)
+    primary = (_cells(result) + _pairs_primary(result) if result["study"].get("comparisons")
+               else _task_primary(result))
+    lines += primary + _speed_notes(result) + _task_slices(result, root)
     lines += _secondary(result, [m for m in TASK_METRICS + tuple(slices)
                                  if m != result["study"]["primary"]])
   else:
     metrics = [_at(m, z) for z in _sizes(result) for m in TEXT_METRICS]
     primary = result["study"]["primary"]
-    lines += ([f"## Primary: `{primary}`", ""] +
-              table(["variant", "mean ± std", "paired difference vs Transformer"],
-                     [[v, pm(s.get(primary)), diff(result["paired"].get(v, {}).get(primary))
-                       if v != BASELINE else "baseline"] for v, s in result["summary"].items()]) +
-              [""] + _speed_notes(result) + _text_tables(result, root) +
-              _secondary(result, [m for m in metrics if m != primary]))
+    if result["study"].get("comparisons"):
+      lines += (_cells(result) + _pairs_primary(result) + _speed_notes(result) +
+                _text_tables(result, root) +
+                _secondary(result, [m for m in metrics if m != primary]))
+    else:
+      lines += ([f"## Primary: `{primary}`", ""] +
+                table(["variant", "mean ± std", "paired difference vs Transformer"],
+                      [[v, pm(s.get(primary)), diff(result["paired"].get(v, {}).get(primary))
+                        if v != BASELINE else "baseline"] for v, s in result["summary"].items()])
+                + [""] + _speed_notes(result) + _text_tables(result, root) +
+                _secondary(result, [m for m in metrics if m != primary]))
   path = root / "report.md"
   write_atomic(path, "\n".join(lines))
   return path

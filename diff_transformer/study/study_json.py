@@ -79,34 +79,48 @@ def family(study: Study, metric: str) -> str:
 
 
 def compare(study: Study, runs: list[dict]) -> dict:
-  """paired[variant][metric] against the Transformer on the same seeds: {mean_diff, ci95_low,
-  ci95_high, p, n} (a censored time: {mean_diff, bound, n, n_determined, earlier, later, p});
-  p_holm within the primary family (one entry per variant) and within the pre-named secondary
-  family; descriptive metrics carry no p."""
-  variants = [v for v in study.variants if v != BASELINE and any(r["variant"] == v for r in runs)]
-  if not any(r["variant"] == BASELINE for r in runs):
-    return {}
-  base = _by_seed(runs, BASELINE)
+  """paired[pair][metric] over the seeds both sides ran, a - b for each pair of the primary
+  family (study.pairs(); keyed by study.pair_name): {mean_diff, ci95_low, ci95_high, p, n} (a
+  censored time: {mean_diff, bound, n, n_determined, earlier, later, p}); p_holm within the
+  primary family (one entry per pair) and within the pre-named secondary family; descriptive
+  metrics carry no p."""
+  ran = {r["variant"] for r in runs}
   out = {}
-  for v in variants:
-    mine = _by_seed(runs, v)
+  for a, b in study.pairs():
+    if a not in ran or b not in ran:
+      continue
+    mine, base = _by_seed(runs, a), _by_seed(runs, b)
     names = sorted({k for x in list(mine.values()) + list(base.values()) for k in x})
-    out[v] = {}
+    table = out[study.pair_name(a, b)] = {}
     for m in names:
       if m.split("@")[0] in CENSORED:
-        entry = paired_censored(_censored_by_seed(runs, v, m), _censored_by_seed(runs, BASELINE, m))
+        entry = paired_censored(_censored_by_seed(runs, a, m), _censored_by_seed(runs, b, m))
       else:
         entry = paired({s: x.get(m, math.nan) for s, x in mine.items()},
                        {s: x.get(m, math.nan) for s, x in base.items()})
       entry["family"] = family(study, m)
       if entry["family"] == "descriptive":
         entry["p"] = math.nan
-      out[v][m] = entry
+      table[m] = entry
   for name in ("primary", "secondary"):
     ps = {(v, m): e["p"] for v, table in out.items() for m, e in table.items()
           if e["family"] == name}
     for (v, m), p in holm(ps).items():
       out[v][m]["p_holm"] = p
+  return out
+
+
+def cells_info(study: Study, runs: list[dict], grid: dict) -> dict:
+  """Per compared name beyond the variants: what it is built from, its overrides, where its lr
+  comes from, and the parameters its runs have."""
+  out = {}
+  for v in study.variants:
+    cell = study.derived_cell(v)
+    params = sorted({r["params"] for r in runs if r["variant"] == v and "params" in r})
+    out[v] = dict(parent=cell.parent if cell else None,
+                  overrides=dict(cell.overrides) if cell else {},
+                  lr_from=study.lr_source(v),
+                  lr=(grid.get("chosen") or {}).get(study.lr_source(v)), params=params)
   return out
 
 
@@ -130,6 +144,10 @@ def build(study: Study, runs: list[dict], grid: dict, missing: list[str],
               seq_len=config.data.seq_len, steps=config.train.steps,
               batch=config.train.global_batch_size, overrides=dict(study.overrides),
               eval_rows=study.eval_rows, **origin)
+  if study.comparisons:  # only then: the studies without pairs keep their study.json as it was
+    info.update(comparisons=[list(p) for p in study.comparisons],
+                published=[list(p) for p in study.published],
+                published_source=study.published_source, cells=cells_info(study, runs, grid))
   info["code_versions"] = code_versions(runs)
   if study.is_task:
     info.update(task_params=synthetic.task_spec(config.data).settings(),

@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from diff_transformer.study.cells import diff, num, plural, table
+from diff_transformer.study.cells import against, diff, num, plural, table
 from diff_transformer.study.stats import smallest_effect
 
 DESCENT_LIMIT = 0.05  # past early descent: the last 20% of steps made under 5% of the fall
@@ -85,7 +85,7 @@ def budgets(result: dict) -> list[str]:
       notes.append(f"{v}: {num(first['mean_diff'], 4)} -> {num(last['mean_diff'], 4)} ({change})")
   where = f" (steps {', '.join(map(str, steps))} of {steps[-1]})" if steps else ""
   return (["## The gap at part of the budget (descriptive)", "",
-           "Paired difference vs the Transformer in validation loss (training-time eval rows) "
+           f"Paired difference {against(result)} in validation loss (training-time eval rows) "
            f"at the last evaluation within {', '.join(f'{s}%' for s in SHARES)} of the steps"
            f"{where}; the same runs, read from their curves; the lr was tuned for the full "
            "budget. A change inside one schedule is not a tokens axis."] + [""] +

@@ -53,12 +53,18 @@ IGNORED = ("source", "train.log_every", "train.checkpoint_every", "train.max_to_
            "train.peak_tflops", "data.cache_dir")
 
 
+# Options added after runs were recorded, each with the value that computes what runs did before
+# it existed: at that value the key is left out of a setting, so the older records still match.
+ADDED_OPTIONS = {"model.head_norm": False}
+
+
 def setting(config: ml_collections.ConfigDict) -> dict:
   """The config's flat fields that change training (JSON values, as config.json holds them)."""
   flat = flatten(json.loads(config.to_json_best_effort()))
   if flat.get("model.vocab_multiple"):  # train.py fills vocab_size in from the tokenizer
     flat.pop("model.vocab_size", None)
-  return {k: v for k, v in flat.items() if k not in IGNORED}
+  return {k: v for k, v in flat.items()
+          if k not in IGNORED and (k not in ADDED_OPTIONS or ADDED_OPTIONS[k] != v)}
 
 
 def differences(expected: dict, recorded: dict) -> list[tuple[str, object, object]]:
