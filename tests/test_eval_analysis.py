@@ -199,3 +199,33 @@ def test_icl_alternating_order_and_constrained_scoring(sharp_model):
 def _softmax(x):
   e = np.exp(x - x.max(-1, keepdims=True))
   return e / e.sum(-1, keepdims=True)
+
+
+def test_loss_by_position_and_frequency_matches_the_per_token_losses(sharp_model, batch):
+  """Each bin's loss is the mean NLL of the targets at those positions of their own segment
+  (packed rows restart at 0), each class's the mean over targets of that training frequency."""
+  fns = common.Fns(sharp_model)
+  weights = np.ones((4, 64), np.float32)
+  weights[0, 5:9] = 0  # weight-0 targets count nowhere
+  b = dict(batch, weights=weights)
+  train = np.random.default_rng(1).integers(0, 97, 5000) ** 2 % 97  # uneven id frequencies
+  classes = loss.frequency_classes(train, sharp_model.spec.vocab_size)
+  r = loss.evaluate(fns, [b], classes=classes)
+  nll = np.asarray(fns.nll(b["inputs"], b["targets"], b["positions"], b["segment_ids"]), float)
+  position = np.concatenate([np.arange(40), np.arange(24)])  # the two segments of each row
+  for i, got in enumerate(r["by_position"]["loss"]):
+    mask = (position[None] // loss.POSITION_BIN == i) & (weights > 0)
+    assert r["by_position"]["tokens"][i] == mask.sum()
+    assert got == pytest.approx(nll[mask].mean(), rel=1e-6)
+  assert len(r["by_position"]["loss"]) == 2  # positions 0-39: bins 0 and 1
+  counts = np.bincount(train, minlength=sharp_model.spec.vocab_size)
+  for c, got in enumerate(r["by_frequency"]["loss"]):
+    mask = (classes[b["targets"]] == c) & (weights > 0)
+    assert got == pytest.approx(nll[mask].mean(), rel=1e-6)
+    mass = counts[classes == c].sum() / counts.sum()
+    assert 0 < mass and (c > 0 or 0.5 <= mass < 0.75)  # the frequent ids just pass half
+  assert sum(r["by_frequency"]["tokens"]) == r["all"]["tokens"]
+  flat = loss.summary(dict(loss=r["all"]["loss"], ar_hit=r["ar_hit"], others=r["others"],
+                           by_position=r["by_position"], by_frequency=r["by_frequency"]))
+  assert flat["loss_at_pos_032"] == r["by_position"]["loss"][1]
+  assert flat["loss_on_rare"] == r["by_frequency"]["loss"][2]

@@ -162,7 +162,7 @@ def _text_tables(result: dict, root: Path) -> list[str]:
   if len(_sizes(result)) > 1:
     lines += [f"![loss vs size]({plots.loss_vs_size(result, root / 'loss_vs_size.png')})"]
   return lines + [""] + (text_report.descent(result) + text_report.budgets(result) +
-                         text_report.ar_hit(result))
+                         text_report.breakdowns(result) + text_report.ar_hit(result))
 
 
 def write(result: dict, root: Path) -> Path:

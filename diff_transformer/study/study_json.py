@@ -20,6 +20,7 @@ from diff_transformer.study.stats import (censored_median, holm, min_p, paired, 
 TASK_SCALARS = ("final_loss", "val_accuracy", "steps_to_90", "first_query_accuracy",
                 "answer_share", "distractor_share", "noise_share", "abs_answer_share",
                 "abs_distractor_share", "abs_noise_share", "negative_mass", "logit_top1")
+BREAKDOWNS = ("loss_at_pos_", "loss_on_")  # evaluation/loss.py summary()'s breakdown keys
 TEXT_SCALARS = ("loss", "ar_hit_loss", "others_loss", "final_loss", "val_loss_at_25pct",
                 "val_loss_at_50pct", "val_loss_at_100pct", "tail_fall")
 
@@ -29,6 +30,8 @@ def metric_values(run: dict) -> dict[str, float]:
   sizes."""
   scalars = TASK_SCALARS if "accuracy" in run else TEXT_SCALARS
   out = {k: run[k] for k in scalars if run.get(k) is not None}
+  out.update({k: v for k, v in run.items()  # the loss by position and by training frequency
+              if k.startswith(BREAKDOWNS) and v is not None})
   if "negative_by_span" in run:  # anti-attention on the noise span alone (not every span's sum)
     out["noise_negative_mass"] = run["negative_by_span"]["noise"]
   out.update({f"accuracy:{k}": v for k, v in run.get("accuracy", {}).items()})

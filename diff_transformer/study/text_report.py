@@ -7,8 +7,9 @@ import math
 
 import numpy as np
 
-from diff_transformer.study.cells import against, diff, num, plural, table
+from diff_transformer.study.cells import against, diff, num, plural, signed, table
 from diff_transformer.study.stats import smallest_effect
+from diff_transformer.study.definition import BASELINE
 
 DESCENT_LIMIT = 0.05  # past early descent: the last 20% of steps made under 5% of the fall
 SHARES = (25, 50, 100)
@@ -144,3 +145,44 @@ def ar_hit(result: dict) -> list[str]:
        "n-gram others", "extra gain on AR-hit"], rows) + [
       "", "Paired differences in the AR-hit loss are in the secondary family below."
       if "ar_hit_loss" in result["study"].get("secondary", []) else "", ""]
+
+
+def breakdowns(result: dict) -> list[str]:
+  """Per pair, the paired gap in whole-split loss by position in the context and by the target's
+  training frequency (descriptive): mean over seeds and how many seeds have it positive."""
+  paired, runs = result["paired"], result["runs"]
+  names = sorted({k for r in runs for k in r if k.startswith(("loss_at_pos_", "loss_on_"))},
+                 key=lambda k: (k.startswith("loss_on_"), _frequency_rank(k), k))
+  if not paired or not names:
+    return []
+  pairs = list(paired)
+  by = {(r["variant"], r["seed"]): r for r in runs}
+
+  def positive(pair: str, m: str) -> int:
+    a, _, b = pair.partition(" vs ")  # a study without pre-named pairs keys them by variant
+    b = b or BASELINE
+    return sum(by[a, s][m] > by[b, s][m] for (v, s) in by if v == a and (b, s) in by
+               and by[a, s].get(m) is not None and by[b, s].get(m) is not None)
+
+  rows = []
+  for m in names:
+    cells = []
+    for pair in pairs:
+      e = paired[pair].get(m)
+      cells.append("-" if not e or not e["n"] else
+                   f"{signed(e['mean_diff'])} ({positive(pair, m)}/{e['n']} > 0)")
+    label = (f"positions {int(m.rsplit('_', 1)[1])}-{int(m.rsplit('_', 1)[1]) + 31}"
+             if m.startswith("loss_at_pos_") else m.removeprefix("loss_on_") + " bytes")
+    rows.append([label] + cells)
+  return (["## The gap by position and by byte frequency (descriptive)", "",
+           f"Paired difference {against(result)} in whole-split validation loss, by the "
+           "target's position in its context (bins of 32) and by its frequency in the training "
+           "split (frequent: the most frequent ids making up 50% of the training tokens; middle: "
+           "the next 40%; rare: the last 10%). Mean over seeds (seeds with a positive "
+           "difference / n). Not tested."] + [""] +
+          table(["where"] + pairs, rows) + [""])
+
+
+def _frequency_rank(name: str) -> int:
+  order = ("frequent", "middle", "rare")
+  return next((i for i, c in enumerate(order) if name.endswith(c)), -1)
