@@ -17,7 +17,7 @@ from absl import flags, logging  # noqa: E402
 
 from diff_transformer.evaluation import (SUITES, EvalError, Settings, evaluate,  # noqa: E402
                                          parse_suites, report)
-from diff_transformer.training.mesh import make_mesh  # noqa: E402
+from diff_transformer.mesh import make_mesh  # noqa: E402
 
 flags.DEFINE_string("workdir", "runs/default", "Training run directory (config + checkpoints).")
 flags.DEFINE_string("suites", "all", f"Comma-separated suites: {', '.join(SUITES)} (or all).")

@@ -14,7 +14,7 @@ cli.default_platform()
 
 from absl import flags  # noqa: E402
 
-from diff_transformer.training import export_run  # noqa: E402
+from diff_transformer.interop.export import export_run  # noqa: E402
 
 flags.DEFINE_string("workdir", None, "Training run directory (config.json + checkpoints/).")
 flags.DEFINE_integer("step", None, "Checkpoint step to export (default: the newest readable).")

@@ -31,7 +31,7 @@ from child_env import FAST_COMPILE_FLAGS  # noqa: E402
 from diff_transformer import params  # noqa: E402
 from diff_transformer.config import base_config, validate  # noqa: E402
 from diff_transformer.model.attention import PAPER_VARIANTS  # noqa: E402
-from diff_transformer.training.mesh import make_mesh  # noqa: E402
+from diff_transformer.mesh import make_mesh  # noqa: E402
 from diff_transformer.training.step import Trainer  # noqa: E402
 
 STEPS = 20

@@ -29,11 +29,12 @@ from diff_transformer.model import cache as kv_cache
 from diff_transformer.model.attention import PAPER_VARIANTS, variant_class
 from diff_transformer.model.spec import ModelSpec
 from diff_transformer.params import abstract_model, count
-from diff_transformer.training.checkpoint import Checkpointer
-from diff_transformer.training.mesh import global_batch, make_mesh
+from diff_transformer.runs.checkpoint import Checkpointer
+from diff_transformer.mesh import global_batch, make_mesh
 from diff_transformer.training.metrics import executed_flops_per_token, train_flops_per_token
 from diff_transformer.training.peak import peak_tflops_per_device
-from diff_transformer.training.step import Trainer, fingerprint
+from diff_transformer.runs.layout import fingerprint
+from diff_transformer.training.step import Trainer
 
 FUSED = ("pallas", "cudnn")
 

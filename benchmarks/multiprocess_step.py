@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from diff_transformer.data import prepare_files  # noqa: E402
-from diff_transformer.run_folder import RunFolder  # noqa: E402
+from diff_transformer.runs.folder import RunFolder  # noqa: E402
 WORDS = "the king queen sword crown night day love death fool storm sea ship letter".split()
 
 

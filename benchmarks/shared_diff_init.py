@@ -27,7 +27,7 @@ from configs import synthetic as presets  # noqa: E402
 from diff_transformer.evaluation import outliers  # noqa: E402
 from diff_transformer.model.attention.shared_diff import LOWRANK_INITS  # noqa: E402
 from diff_transformer.model.spec import ModelSpec  # noqa: E402
-from diff_transformer.run_folder import RunFolder  # noqa: E402
+from diff_transformer.runs.folder import RunFolder  # noqa: E402
 from diff_transformer.study.run_metrics import curve, first_step  # noqa: E402
 from diff_transformer.study.stats import censored_median, summarize  # noqa: E402
 

@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from diff_transformer import cli  # noqa: E402
 from diff_transformer import launch  # noqa: E402
-from diff_transformer.run_folder import RunFolder  # noqa: E402
+from diff_transformer.runs.folder import RunFolder  # noqa: E402
 
 STUDY_FILE = "configs/studies/retrieval.py"
 

@@ -40,7 +40,7 @@ import numpy as np  # noqa: E402
 from diff_transformer import params as params_lib  # noqa: E402
 from diff_transformer.config import base_config, validate  # noqa: E402
 from diff_transformer.model.attention import VARIANTS  # noqa: E402
-from diff_transformer.training.mesh import global_batch, make_mesh  # noqa: E402
+from diff_transformer.mesh import global_batch, make_mesh  # noqa: E402
 from diff_transformer.training.metrics import (attention_flops_per_token,  # noqa: E402
                                                executed_flops_per_token, matmul_params,
                                                train_flops_per_token)

@@ -2,7 +2,8 @@
 
 Layout: model/ (decoder, attention variants and their registry, parameter roles, ModelSpec),
 kernels/ (reference, xla, pallas, cudnn, and auto's choice), sharding.py, config.py, data/,
-training/, evaluation/, run_folder.py and launch.py (a run's files; the child launcher),
+training/, runs/ (a saved run: folder, record, lock, checkpoints, restore), evaluation/,
+mesh.py and launch.py (the device mesh; the child launcher),
 study/ and sweeps/ (the drivers' libraries), interop/ and lm_eval/ (the hf extra); configs/ at
 the top level holds the presets, and the programs (train.py, eval.py, ...) sit beside it.
 """

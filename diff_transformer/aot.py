@@ -17,7 +17,7 @@ import ml_collections
 from diff_transformer import kernels
 from diff_transformer.errors import UserError, first_line
 from diff_transformer.model.spec import ModelSpec
-from diff_transformer.training.mesh import (batch_sharding, check_parallelism, data_parallel_size,
+from diff_transformer.mesh import (batch_sharding, check_parallelism, data_parallel_size,
                                             make_mesh)
 from diff_transformer.training.step import Trainer
 

@@ -26,9 +26,9 @@ import ml_collections
 from tqdm import tqdm
 
 from diff_transformer.errors import Stopped, UserError
-from diff_transformer.run_folder import RunFolder
-from diff_transformer.training.run_record import check_setting
-from diff_transformer.training.workdir import WorkdirLock
+from diff_transformer.runs.folder import RunFolder
+from diff_transformer.runs.record import check_setting
+from diff_transformer.runs.lock import WorkdirLock
 
 DRIVER_LOCK = "driver.lock"  # held by the study.py / sweep.py running on a root
 LOCK_WAIT_S = 120  # a child stopped by its driver's death saves and exits within this

@@ -1,6 +1,6 @@
 """What code made a run: the project's version, the git commit and whether the checkout had
 uncommitted changes (when run from a checkout), and the versions of the libraries that decide
-its numbers. Runs record it in code_version.json (training/run_record.py); studies list it."""
+its numbers. Runs record it in code_version.json (runs/record.py); studies list it."""
 from __future__ import annotations
 
 import functools

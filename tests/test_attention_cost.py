@@ -15,7 +15,7 @@ import pytest
 
 from diff_transformer.config import base_config, validate
 from diff_transformer.kernels import executed_flops
-from diff_transformer.training.mesh import batch_sharding, make_mesh
+from diff_transformer.mesh import batch_sharding, make_mesh
 from diff_transformer.training.step import Trainer
 
 H, D_HEAD, LAYERS = 1, 128, 1  # wide heads: the softmax's elementwise work is small next to QK^T

@@ -39,7 +39,7 @@ def _id(case) -> str:
 @pytest.fixture(scope="module", params=CASES, ids=_id)
 def exported(request, tmp_path_factory):
   """(case, HF folder, the run's restored model)."""
-  from diff_transformer.training import export_run
+  from diff_transformer.interop.export import export_run
   variant, gqa, tie, extra = request.param
   tmp = tmp_path_factory.mktemp(_id(request.param))
   workdir = hf_runs.make_run(tmp / "run", hf_runs.run_config(variant, gqa=gqa, tie=tie, **extra))
@@ -130,7 +130,7 @@ def test_export_imports_back_bitwise(exported):
 ])
 def test_refuses_what_the_target_cannot_hold(tmp_path, field, value, needle):
   from diff_transformer.interop import InteropError
-  from diff_transformer.training import export_run
+  from diff_transformer.interop.export import export_run
   variant = "diff_v2" if field.startswith("v2_") else "transformer" if field == "head_norm" else "diff"
   config = hf_runs.run_config(variant, **{field: value})
   workdir = tmp_path / "run"
@@ -146,7 +146,7 @@ def test_refuses_what_the_target_cannot_hold(tmp_path, field, value, needle):
 def test_cli_exports_and_bad_inputs_are_one_line(tmp_path):
   import os
   from diff_transformer.interop import InteropError
-  from diff_transformer.training import export_run
+  from diff_transformer.interop.export import export_run
   workdir = hf_runs.make_run(tmp_path / "run", hf_runs.run_config("transformer"))
   env = dict(os.environ, JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
   export = lambda *args: subprocess.run([sys.executable, str(ROOT / "export.py"), *args],
@@ -177,7 +177,7 @@ def test_users_tokenizer_file_is_exported(tmp_path):
   from diff_transformer.data import describe
   from diff_transformer.data.tokenizer import FileTokenizer
   from diff_transformer.interop import InteropError
-  from diff_transformer.training import export_run
+  from diff_transformer.interop.export import export_run
   from tests.helpers.tokenizers import user_tokenizer  # needs `tokenizers` (the hf extra)
   workdir = hf_runs.make_run(tmp_path / "run", hf_runs.run_config("diff", vocab_size=384))
   user = user_tokenizer(workdir / "tokenizer.json", ["the king and the sea, a letter"] * 20)

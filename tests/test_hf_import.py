@@ -27,7 +27,7 @@ def test_diff_without_sidecar_keeps_logits(tmp_path):
   import jax.numpy as jnp
   from flax import nnx
   from diff_transformer.interop import weights
-  from diff_transformer.training import export_run
+  from diff_transformer.interop.export import export_run
   from diff_transformer.interop.hf_import import import_params
   from diff_transformer.model import build_model
   workdir = hf_runs.make_run(tmp_path / "run", hf_runs.run_config("diff"))
@@ -83,7 +83,7 @@ def test_stock_random_model_imports_with_equal_logits(tmp_path, arch, variant, t
 
 def test_bad_folders_and_shapes_are_one_line(tmp_path):
   from diff_transformer.interop import InteropError
-  from diff_transformer.training import export_run
+  from diff_transformer.interop.export import export_run
   from diff_transformer.interop.hf_import import import_params
   from diff_transformer.model.spec import ModelSpec
   workdir = hf_runs.make_run(tmp_path / "run", hf_runs.run_config("transformer"))
@@ -117,7 +117,7 @@ def test_train_starts_from_hf_folder(tmp_path):
   """train.py --config.init_from_hf=DIR --config.train.steps=0 writes the imported weights as
   checkpoint step 0 (what eval.py then reads); a wrong folder is one line."""
   from tests.helpers.runs import tiny_flags, write_corpus  # noqa: only this test
-  from diff_transformer.training import export_run
+  from diff_transformer.interop.export import export_run
   write_corpus(tmp_path / "corpus", docs=6)
   env = dict(os.environ, JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
   subprocess.run([sys.executable, str(ROOT / "prepare_data.py"), f"--input={tmp_path / 'corpus'}",

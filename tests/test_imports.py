@@ -77,11 +77,16 @@ def test_library_never_imports_configs():
       assert not target.startswith("configs"), f"{p}:{line}: the library imports {target}"
 
 
-# Layers that only look down: interop (HF maps and export) and the model never reach into
-# training, whose programs restore runs and hand the model over.
+# Layers that only look down: a saved run (runs/), interop (HF maps and export), the model and
+# the kernels never reach into training, which writes runs; readers of runs go through runs/.
 NEVER_IMPORTS = {"diff_transformer.interop": "diff_transformer.training",
+                 "diff_transformer.runs": "diff_transformer.training",
                  "diff_transformer.model": "diff_transformer.training",
-                 "diff_transformer.kernels": "diff_transformer.training"}
+                 "diff_transformer.kernels": "diff_transformer.training",
+                 "diff_transformer.lm_eval": "diff_transformer.training",
+                 "diff_transformer.launch": "diff_transformer.training",
+                 "diff_transformer.study": "diff_transformer.training",
+                 "diff_transformer.sweeps": "diff_transformer.training"}
 
 
 def test_lower_layers_never_import_training():
@@ -106,13 +111,13 @@ RUN_FOLDER_NAMES = ("summary.json", "train.lock", "metrics.jsonl")
 
 
 def test_only_the_run_folder_module_spells_the_run_folder():
-  """One module owns the run folder's layout (run_folder.py); every other file asks it."""
-  owner = PACKAGE / "run_folder.py"
+  """One module owns the run folder's layout (runs/folder.py); every other file asks it."""
+  owner = PACKAGE / "runs" / "folder.py"
   for p in SOURCES:
     if p != owner:
       text = p.read_text()
       spelled = [n for n in RUN_FOLDER_NAMES if n in text]
-      assert not spelled, f"{p.relative_to(ROOT)} spells {spelled}: use run_folder.RunFolder"
+      assert not spelled, f"{p.relative_to(ROOT)} spells {spelled}: use runs.folder.RunFolder"
 
 
 def test_rooms_stay_small():

@@ -63,7 +63,7 @@ VARIANTS = ("transformer", "diff")
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict:
   """{variant: (workdir, exported HF folder)} for both variants, built once for the module."""
-  from diff_transformer.training import export_run
+  from diff_transformer.interop.export import export_run
   out = {}
   for variant in VARIANTS:
     tmp = tmp_path_factory.mktemp(variant)

@@ -28,7 +28,7 @@ def test_pallas_train_step_equals_xla(variant):
 SHARDED = """
 import json, jax, numpy as np, sys
 from tests.helpers.models import kernel_config, loss_and_grads
-from diff_transformer.training.mesh import make_mesh
+from diff_transformer.mesh import make_mesh
 from tests.helpers.models import batch, kernel_config, loss_and_grads
 out = {}
 for variant in ("diff", "diff_v2"):

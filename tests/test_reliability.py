@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from diff_transformer.errors import UserError, message_lines
-from diff_transformer.training.restore import restore_model
+from diff_transformer.runs.restore import restore_model
 from tests.helpers.runs import (ROOT, assert_one_clear_line, env, logged_step, losses,
                                 refused_here, tiny_flags, train_cmd, train_here, tree_digest)
 
@@ -57,7 +57,7 @@ def test_divergence_keeps_only_good_checkpoints_and_resume_trains(corpus, refere
   """Also the resume with a changed batch size: said once, recorded, and trained on."""
   from flax import nnx
   import jax
-  from diff_transformer.training import restore_model
+  from diff_transformer.runs.restore import restore_model
   workdir = tmp_path / "run"
   shutil.copytree(reference, workdir)
   before = tree_digest(workdir / "checkpoints" / "10")
@@ -106,7 +106,7 @@ class _FakeCheckpointer:
 
 def test_guard_sets_aside_the_checkpoint_that_produced_a_bad_loss():
   from diff_transformer.training.guard import DivergenceGuard
-  from diff_transformer.training.mesh import TrainError
+  from diff_transformer.mesh import TrainError
   fake = _FakeCheckpointer([4, 5, 6])
   guard = DivergenceGuard(fake)
   guard.check_step(6, dict(loss=3.0, grad_norm=1.0))
@@ -121,7 +121,7 @@ def test_guard_names_the_likely_cause(step, cause):
   """Step 1's loss comes from the initial state at warmup's smallest lr: a non-finite value there
   points at the data or the init; later, at the lr schedule."""
   from diff_transformer.training.guard import DivergenceGuard
-  from diff_transformer.training.mesh import TrainError
+  from diff_transformer.mesh import TrainError
   with pytest.raises(TrainError, match=cause) as e:
     DivergenceGuard(_FakeCheckpointer([])).check_step(step, dict(loss=float("nan"), grad_norm=1.0))
   assert "\n" not in str(e.value)
@@ -131,7 +131,7 @@ def test_guard_names_the_likely_cause(step, cause):
 
 def test_guard_loss_spike_is_off_by_default_and_bounded_when_set():
   from diff_transformer.training.guard import DivergenceGuard
-  from diff_transformer.training.mesh import TrainError
+  from diff_transformer.mesh import TrainError
   calm = DivergenceGuard(_FakeCheckpointer([]))
   for step, loss in enumerate([5.0, 5.0, 50.0], 1):
     calm.check_step(step, dict(loss=loss, grad_norm=1.0))
@@ -149,7 +149,7 @@ def test_guard_loss_spike_is_off_by_default_and_bounded_when_set():
 def test_failed_async_save_stops_the_run_in_one_line(corpus, reference, tmp_path, monkeypatch):
   import errno
   from orbax.checkpoint._src.path import atomicity
-  from diff_transformer.training import restore_model
+  from diff_transformer.runs.restore import restore_model
   workdir = tmp_path / "run"
   shutil.copytree(reference, workdir)
   finalize = atomicity.AtomicRenameTemporaryPath.finalize
@@ -184,13 +184,13 @@ def test_full_file_system_refuses_the_save_in_one_line(corpus, tmp_path):
 
 
 def test_second_writer_is_refused_and_a_stale_lock_recovered(corpus, tmp_path):
-  from diff_transformer.training.mesh import TrainError
-  from diff_transformer.training.workdir import WorkdirLock
+  from diff_transformer.mesh import TrainError
+  from diff_transformer.runs.lock import WorkdirLock
   workdir = tmp_path / "run"
   workdir.mkdir()
   holder = subprocess.Popen(
       [sys.executable, "-c", "import sys; from pathlib import Path; "
-       "from diff_transformer.training.workdir import WorkdirLock; "
+       "from diff_transformer.runs.lock import WorkdirLock; "
        f"lock = WorkdirLock(Path({str(workdir)!r})); lock.acquire(); print('locked', flush=True); "
        "sys.stdin.read()"], cwd=ROOT, env=env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
       text=True)
@@ -216,7 +216,7 @@ def test_second_interrupt_exits_at_once_in_one_line(reference, tmp_path):
   workdir = tmp_path / "run"
   shutil.copytree(reference, workdir)
   script = ("import signal; from pathlib import Path; "
-            "from diff_transformer.training.checkpoint import Checkpointer; "
+            "from diff_transformer.runs.checkpoint import Checkpointer; "
             "from diff_transformer.training.stop import StopSignal, exit_now; "
             f"ckpt = Checkpointer(Path({str(workdir)!r})); "
             "stop = StopSignal(lambda: exit_now(ckpt, None)); "

@@ -19,7 +19,7 @@ from diff_transformer.study import grid as lr_grid
 from diff_transformer.study import cells, markdown, opening, records, run_metrics, study_json
 from diff_transformer.study.cells import num
 from diff_transformer.study.stats import paired_censored, seeds_needed, smallest_holm_p
-from diff_transformer.training.run_record import check_setting
+from diff_transformer.runs.record import check_setting
 
 ROOT = Path(__file__).resolve().parents[1]
 RETRIEVAL = ROOT / "configs/studies/retrieval.py"
@@ -312,7 +312,7 @@ def test_the_committed_children_benchmark_backs_the_default_jobs():
 
 def test_a_run_records_its_code_and_a_study_over_two_versions_says_so(tmp_path, monkeypatch):
   from diff_transformer import provenance
-  from diff_transformer.training import run_record
+  from diff_transformer.runs import record as run_record
   now = provenance.code_version()
   assert set(provenance.LIBRARIES) == set(now["libraries"]) and now["libraries"]["jax"]
   if (ROOT / ".git").exists():  # a checkout (a wheel records no commit)
@@ -374,7 +374,7 @@ def test_the_table6_study_names_its_cells_pairs_and_lrs():
   assert {v: table6.lr_source(v) for v in table6.variants if "@" in v} == {
       "transformer@2x64": "transformer@2x64", "transformer@2x64norm": "transformer@2x64",
       "diff@nosubln": "diff", "diff@lambda0.8": "diff", "diff@lambda0.5": "diff"}
-  from diff_transformer.training.run_record import setting
+  from diff_transformer.runs.record import setting
   for point in ("transformer-s3", "diff-s7", "transformer-lr0.004-s1000"):
     assert setting(table6.get_config(point)) == setting(lm.get_config(point)), point
   m = table6.get_config("transformer@2x64norm-s0").model

@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 
 from configs import synthetic as synthetic_configs
-from diff_transformer import cli, launch, paths, provenance, run_folder
+from diff_transformer import cli, launch, paths, provenance
+from diff_transformer.runs import folder as run_folder
 from diff_transformer.errors import UserError
 from diff_transformer.study import records
-from diff_transformer.training.restore import export_run
-from diff_transformer.training.workdir import WorkdirLock
+from diff_transformer.runs.restore import export_run
+from diff_transformer.runs.lock import WorkdirLock
 from tests.helpers.studies import TINY_STUDY
 
 ROOT = Path(__file__).resolve().parents[1]

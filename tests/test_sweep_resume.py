@@ -8,7 +8,7 @@ import shutil
 from tests.helpers.runs import ROOT, tiny_flags, write_corpus
 
 from diff_transformer import launch
-from diff_transformer.run_folder import RunFolder
+from diff_transformer.runs.folder import RunFolder
 from diff_transformer.sweeps import report
 from diff_transformer.sweeps.definition import Sweep
 

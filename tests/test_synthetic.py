@@ -13,7 +13,7 @@ from diff_transformer.config import ConfigError, base_config, validate
 from diff_transformer.data import synthetic
 from diff_transformer.model.layers import ShortConv
 from diff_transformer.training import train
-from diff_transformer.training.mesh import make_mesh
+from diff_transformer.mesh import make_mesh
 from diff_transformer.training.step import Trainer
 
 

@@ -134,7 +134,7 @@ def test_tiktoken_run_exports_tokenizer_files_that_encode_alike(prepared, tmp_pa
   from diff_transformer.data import describe
   from diff_transformer.data.tiktoken_file import TIKTOKEN_FILE, TiktokenTokenizer
   from diff_transformer.interop import InteropError
-  from diff_transformer.training import export_run
+  from diff_transformer.interop.export import export_run
   from diff_transformer.interop.hf_tokenizer import _onig_pattern, hf_tokenizer
   from tests.helpers import hf_runs
   tmp, _, _ = prepared

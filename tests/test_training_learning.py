@@ -28,7 +28,8 @@ def short_config(variant: str):
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_loss_falls_on_default_corpus(variant, tmp_path):
-  from diff_transformer.training import restore_model, train
+  from diff_transformer.runs.restore import restore_model
+  from diff_transformer.training import train
   summary = train(short_config(variant), tmp_path)
   rows = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   train_rows = [r for r in rows if r["kind"] == "train"]

@@ -121,8 +121,8 @@ def test_a_stop_landing_inside_a_restore_is_not_damage(reference, tmp_path, monk
   """A driver's SIGTERM handler raises inside whatever it interrupts; in a checkpoint read that
   is a stop, never a damaged step (nothing is set aside, the stop propagates)."""
   from diff_transformer.errors import Stopped
-  from diff_transformer.training.checkpoint import Checkpointer
-  from diff_transformer.training.restore import restore_model
+  from diff_transformer.runs.checkpoint import Checkpointer
+  from diff_transformer.runs.restore import restore_model
   workdir = tmp_path / "run"
   shutil.copytree(reference, workdir)
   before = tree_digest(workdir / "checkpoints")
@@ -143,7 +143,7 @@ def test_a_stop_landing_inside_a_restore_is_not_damage(reference, tmp_path, monk
 
 def test_restoring_for_evaluation_builds_no_optimizer(reference, monkeypatch):
   from diff_transformer.training import step as step_module
-  from diff_transformer.training.restore import restore_model
+  from diff_transformer.runs.restore import restore_model
   def no_optimizer(*args, **kwargs):
     raise AssertionError("restoring a model built an optimizer")
   monkeypatch.setattr(step_module, "make_optimizer", no_optimizer)
@@ -162,8 +162,8 @@ def test_two_processes_match_one(corpus, tmp_path):
   """2 CPU processes (gloo) on a (2, 1, 1) mesh vs one process fed the same global batches."""
   import jax
   from diff_transformer import data
-  from diff_transformer.training.run_record import read_config
-  from diff_transformer.training.mesh import global_batch, make_mesh
+  from diff_transformer.runs.record import read_config
+  from diff_transformer.mesh import global_batch, make_mesh
   from diff_transformer.training.step import Trainer
   steps = 4
   flags = tiny_flags(corpus, **{"train.steps": steps, "train.eval_every": 100,

@@ -89,8 +89,8 @@ def child(out_path: str) -> None:
   import jax
   jax.config.update("jax_num_cpu_devices", 8)
   import numpy as np
-  from diff_transformer.training.checkpoint import Checkpointer
-  from diff_transformer.training.mesh import global_batch, make_mesh
+  from diff_transformer.runs.checkpoint import Checkpointer
+  from diff_transformer.mesh import global_batch, make_mesh
   from diff_transformer.training.step import Trainer
   assert jax.device_count() == 8
   report: dict = {"equality": {}, "shardings": {}, "init": {}, "restore": {}}
@@ -144,7 +144,7 @@ def child(out_path: str) -> None:
             lambda a, b: bool(np.array_equal(np.asarray(a), b)), jax.device_get(restored),
             saved)))),
         up_spec=tuple(up.sharding.spec), devices=len(up.sharding.device_set))
-  from diff_transformer.training import restore_model
+  from diff_transformer.runs.restore import restore_model
   from flax import nnx
   model, _, step = restore_model(workdir, mesh=make_mesh(sharding_config("diff").mesh, devices=one))
   params = jax.device_get(nnx.to_pure_dict(nnx.state(model, nnx.Param)))

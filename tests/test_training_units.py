@@ -85,7 +85,7 @@ def test_a_new_role_is_one_class():
 
 
 def test_mesh_shape_resolution_and_errors():
-  from diff_transformer.training.mesh import TrainError, mesh_shape
+  from diff_transformer.mesh import TrainError, mesh_shape
   m = ml_collections.ConfigDict(dict(data=-1, fsdp=2, tensor=2))
   assert mesh_shape(m, 8) == (2, 2, 2)
   with pytest.raises(TrainError, match="does not divide the 6 devices"):
@@ -125,7 +125,7 @@ def test_unknown_logical_axis_name_is_an_error():
 
 def test_trainer_logits_are_the_models_own():
   import numpy as np
-  from diff_transformer.training.mesh import make_mesh
+  from diff_transformer.mesh import make_mesh
   from diff_transformer.training.step import Trainer
   c = base_config()
   c.model.update(dict(variant="diff_v2", vocab_size=64, d_model=32, num_layers=1, num_heads=2,
@@ -142,7 +142,7 @@ def test_trainer_logits_are_the_models_own():
 @pytest.mark.parametrize("micro_batches", [1, 2])
 def test_diff_v2_lambda_metric_is_the_forwards_weighted_mean(micro_batches):
   import numpy as np
-  from diff_transformer.training.mesh import make_mesh
+  from diff_transformer.mesh import make_mesh
   from diff_transformer.training.step import Trainer
   c = base_config()
   c.model.update(dict(variant="diff_v2", vocab_size=64, d_model=32, num_layers=2, num_heads=2,

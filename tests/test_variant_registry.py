@@ -25,7 +25,8 @@ from diff_transformer.model.attention import (PAPER_VARIANTS, VARIANTS, Attentio
 from diff_transformer.model.spec import ModelSpec
 from diff_transformer.study import Study
 from diff_transformer.sweeps.definition import Sweep
-from diff_transformer.training import export_run, train
+from diff_transformer.interop.export import export_run
+from diff_transformer.training import train
 from diff_transformer.training.metrics import attention_flops_per_token
 from tests.helpers.toy_variant import FIXED_LAMBDA, FixedLambdaAttention
 

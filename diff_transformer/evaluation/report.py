@@ -7,7 +7,7 @@ from pathlib import Path
 
 from diff_transformer.evaluation import common, icl, long_context, quantization
 from diff_transformer.errors import EvalError
-from diff_transformer.run_folder import RunFolder
+from diff_transformer.runs.folder import RunFolder
 
 def metrics(name: str, r: dict) -> dict[str, object]:
   """The suite's key numbers, flat (one row each in the report and the comparison table)."""

@@ -12,9 +12,9 @@ from diff_transformer.evaluation import (attention, common, generate, icl, long_
                                          needle, outliers, quantization, report, tasks)
 from diff_transformer.evaluation.common import SUITES, TASK_SUITES, Settings
 from diff_transformer.errors import DataError, EvalError, TrainError, last_line
-from diff_transformer.run_folder import RunFolder
-from diff_transformer.training.restore import restore_model
-from diff_transformer.training.run_record import check_tokenizer_record
+from diff_transformer.runs.folder import RunFolder
+from diff_transformer.runs.restore import restore_model
+from diff_transformer.runs.record import check_tokenizer_record
 
 
 def parse_suites(text: str, task: bool | None = False) -> list[str]:

@@ -8,7 +8,7 @@ start a run from one.
   `hf_tokenizer` the tokenizer conversion.
 - `export`: `check_export` refuses what cannot be exported exactly; `write_folder` writes a
   restored model's config.json, model.safetensors, generation config and tokenizer files
-  (`python export.py` runs training/restore.py `export_run`, which restores and hands over).
+  `export_run` restores a run (runs/restore.py) and writes it (`python export.py`).
 - `hf_import`: reads an HF folder into this codebase's parameters (`--config.init_from_hf=DIR`).
 """
 from __future__ import annotations

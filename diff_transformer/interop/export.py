@@ -1,5 +1,5 @@
-"""A restored model as a Hugging Face model folder (`python export.py --workdir RUN --out DIR`;
-training/restore.py `export_run` reads the run and hands its model here).
+"""A run as a Hugging Face model folder (`python export.py --workdir RUN --out DIR`):
+`export_run` restores the run's model (runs/restore.py) and writes it with `write_folder`.
 
 The folder holds config.json, model.safetensors (float32), generation_config.json, tokenizer files
 and a sidecar of the tensors the HF layout folds (see weights.py); a target with bundled
@@ -17,9 +17,13 @@ from pathlib import Path
 import numpy as np
 
 from diff_transformer.data import synthetic
+from diff_transformer.errors import read_json
 from diff_transformer.interop import InteropError, require, weights
 from diff_transformer.interop.hf_tokenizer import hf_tokenizer
 from diff_transformer.model.spec import ModelSpec
+from diff_transformer.runs.folder import CONFIG, TOKENIZER_RECORD
+from diff_transformer.runs.record import read_config
+from diff_transformer.runs.restore import restore_model
 from diff_transformer.tree import flatten
 
 REMOTE_DIR = Path(__file__).parent / "remote"
@@ -84,3 +88,17 @@ def write_folder(model, spec: ModelSpec, record: dict, tokenizer, workdir: Path,
   (out / EXPORT_RECORD).write_text(json.dumps(summary, indent=2, default=str) + "\n")
   return summary
 
+
+def export_run(workdir: str | Path, out: str | Path, step: int | None = None) -> dict:
+  """The run's checkpoint (newest, or `step`) as a Hugging Face folder; returns its record.
+  Every refusal comes in one line before the checkpoint is read."""
+  workdir, out = Path(workdir), Path(out)
+  config = read_config(workdir)
+  if config is None or not (workdir / TOKENIZER_RECORD).is_file():
+    raise InteropError(f"--workdir: {workdir} has no {CONFIG} or {TOKENIZER_RECORD}; not a "
+                       "training workdir")
+  spec = ModelSpec.from_config(config.model)
+  record = read_json(workdir / TOKENIZER_RECORD, InteropError)
+  tokenizer = check_export(spec, record, out, workdir, task=config.data.name)
+  model, _, step = restore_model(workdir, step=step)
+  return write_folder(model, spec, record, tokenizer, workdir, out, step)

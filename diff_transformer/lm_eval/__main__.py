@@ -10,7 +10,7 @@ from diff_transformer import cli
 from diff_transformer.data import synthetic
 from diff_transformer.errors import UserError, first_line
 from diff_transformer.interop import InteropError, require
-from diff_transformer.run_folder import RunFolder
+from diff_transformer.runs.folder import RunFolder
 
 
 MODEL_ARGS = ("workdir", "step", "batch_size", "max_gen_toks", "max_length", "seed")

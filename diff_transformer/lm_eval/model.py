@@ -23,9 +23,9 @@ from tqdm import tqdm
 from diff_transformer.data.tokenizer import load_tokenizer
 from diff_transformer.evaluation import decoding
 from diff_transformer.evaluation.common import Fns, pad_rows
-from diff_transformer.run_folder import TOKENIZER_RECORD
-from diff_transformer.training.restore import restore_model
-from diff_transformer.training.mesh import batch_sharding, data_parallel_size, make_mesh
+from diff_transformer.runs.folder import TOKENIZER_RECORD
+from diff_transformer.runs.restore import restore_model
+from diff_transformer.mesh import batch_sharding, data_parallel_size, make_mesh
 
 LENGTH_BUCKET = 64  # rows are padded to a multiple of this (fewer compiled shapes)
 

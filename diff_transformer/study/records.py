@@ -20,7 +20,7 @@ from pathlib import Path
 import ml_collections
 
 from diff_transformer.paths import write_atomic
-from diff_transformer.training.run_record import differences, setting
+from diff_transformer.runs.record import differences, setting
 
 RECORDS = "records"
 GRID = "lr_grid"

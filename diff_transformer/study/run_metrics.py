@@ -8,7 +8,7 @@ from pathlib import Path
 
 from diff_transformer import provenance
 from diff_transformer.evaluation import loss, outliers, tasks
-from diff_transformer.training.run_record import read_code_versions
+from diff_transformer.runs.record import read_code_versions
 
 
 def curve(rows: list[dict], key: str = "val_accuracy") -> list[tuple[int, float]]:

@@ -13,11 +13,11 @@ from diff_transformer.data import synthetic
 from diff_transformer.evaluation import Settings, evaluate, floors
 from diff_transformer.model.spec import ModelSpec
 from diff_transformer.paths import write_atomic
-from diff_transformer.run_folder import RunFolder
+from diff_transformer.runs.folder import RunFolder
 from diff_transformer.study import grid as lr_grid
 from diff_transformer.study import records, run_metrics
 from diff_transformer.study.definition import Study
-from diff_transformer.training.run_record import check_setting
+from diff_transformer.runs.record import check_setting
 
 # The suites a study evaluates each finished run with (a subset of what eval.py can run).
 STUDY_TASK_SUITES = ("task", "attention", "outliers")

@@ -11,7 +11,7 @@ import numpy as np
 from diff_transformer import params
 from diff_transformer.evaluation.common import pyplot
 from diff_transformer.model.spec import ModelSpec
-from diff_transformer.run_folder import RunFolder
+from diff_transformer.runs.folder import RunFolder
 from diff_transformer.sweeps import fit
 from diff_transformer.sweeps.definition import Sweep, SweepError, tokens
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import math
 
-from diff_transformer import run_folder
+from diff_transformer.runs import folder as run_folder
 from diff_transformer.errors import TrainError
-from diff_transformer.training.checkpoint import Checkpointer
+from diff_transformer.runs.checkpoint import Checkpointer
 
 _MEAN_DECAY = 0.9  # the running mean follows roughly the last 10 checked losses
 

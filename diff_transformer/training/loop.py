@@ -3,7 +3,7 @@
 Resumes from the newest readable checkpoint in `workdir` (same data order, same losses), saves
 and exits on SIGTERM/SIGINT (a second Ctrl-C exits at once), stops on a non-finite or spiking
 loss without saving it (training/guard.py), stops at the first step after a failed save, and holds
-the workdir's lock (training/workdir.py) so no second run writes into it.
+the workdir's lock (runs/lock.py) so no second run writes into it.
 """
 from __future__ import annotations
 
@@ -21,18 +21,19 @@ from diff_transformer.errors import TrainError
 from diff_transformer.interop import hf_import
 from diff_transformer.model.attention import recorded_variant, variant_class
 from diff_transformer.model.spec import ModelSpec
-from diff_transformer.run_folder import RunFolder
-from diff_transformer.training import run_record, validation
-from diff_transformer.training.checkpoint import Checkpointer
+from diff_transformer.runs.folder import RunFolder
+from diff_transformer.runs import record as run_record
+from diff_transformer.training import validation
+from diff_transformer.runs.checkpoint import Checkpointer
 from diff_transformer.training.guard import DivergenceGuard
-from diff_transformer.training.mesh import check_parallelism, global_batch, make_mesh
+from diff_transformer.mesh import check_parallelism, global_batch, make_mesh
 from diff_transformer.training.metrics import (MetricsLogger, RateWindow,
                                                executed_flops_per_token, expand_layers,
                                                train_flops_per_token)
 from diff_transformer.training.peak import peak_tflops_per_device
 from diff_transformer.training.step import Trainer
 from diff_transformer.training.stop import StopSignal, exit_now
-from diff_transformer.training.workdir import WorkdirLock, prepare_workdir
+from diff_transformer.runs.lock import WorkdirLock, prepare_workdir
 
 
 def _import_hf(trainer: Trainer, state, folder: str, checkpointer: Checkpointer, iterator):

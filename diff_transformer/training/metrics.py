@@ -25,7 +25,7 @@ from diff_transformer import kernels
 from diff_transformer.model.attention import variant_class
 from diff_transformer.model.spec import ModelSpec
 from diff_transformer.params import abstract_model, param_shapes
-from diff_transformer.run_folder import RunFolder
+from diff_transformer.runs.folder import RunFolder
 
 
 def matmul_params(spec: ModelSpec) -> int:

@@ -10,8 +10,8 @@ from typing import Callable
 import jax
 import numpy as np
 
-from diff_transformer.training.checkpoint import Checkpointer
-from diff_transformer.training.workdir import WorkdirLock
+from diff_transformer.runs.checkpoint import Checkpointer
+from diff_transformer.runs.lock import WorkdirLock
 
 
 class StopSignal:

@@ -9,7 +9,7 @@ import ml_collections
 
 from diff_transformer import data
 from diff_transformer.errors import TrainError
-from diff_transformer.training.mesh import global_batch
+from diff_transformer.mesh import global_batch
 from diff_transformer.training.step import Trainer
 
 

@@ -36,8 +36,8 @@ def make_run(workdir: Path, config, seed: int = 0, step: int = 1) -> Path:
   import ml_collections
   from diff_transformer.data import describe
   from diff_transformer.data.tokenizer import ByteTokenizer
-  from diff_transformer.training.checkpoint import Checkpointer
-  from diff_transformer.training.mesh import make_mesh
+  from diff_transformer.runs.checkpoint import Checkpointer
+  from diff_transformer.mesh import make_mesh
   from diff_transformer.training.step import Trainer
   mesh = make_mesh(ml_collections.ConfigDict(dict(data=1, fsdp=1, tensor=1)),
                    devices=jax.devices()[:1])
@@ -61,7 +61,7 @@ def make_run(workdir: Path, config, seed: int = 0, step: int = 1) -> Path:
 
 
 def restored(workdir: Path):
-  from diff_transformer.training import restore_model
+  from diff_transformer.runs.restore import restore_model
   return restore_model(workdir)[0]
 
 

@@ -7,7 +7,7 @@ import numpy as np
 
 from configs import default
 from diff_transformer.config import validate
-from diff_transformer.training.mesh import make_mesh
+from diff_transformer.mesh import make_mesh
 from diff_transformer.training.step import Trainer
 from tests.helpers.variant_table import entry, tiny
 

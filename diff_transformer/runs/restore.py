@@ -8,15 +8,13 @@ import jax
 import ml_collections
 
 from diff_transformer.config import validate
-from diff_transformer.errors import TrainError, read_json
-from diff_transformer.interop import InteropError
-from diff_transformer.interop.export import check_export, write_folder
+from diff_transformer.errors import TrainError
 from diff_transformer.model.spec import ModelSpec
-from diff_transformer.run_folder import CONFIG, TOKENIZER_RECORD
-from diff_transformer.training.checkpoint import Checkpointer
-from diff_transformer.training.mesh import make_mesh
-from diff_transformer.training.run_record import check_tokenizer_record, read_config
-from diff_transformer.training.step import ModelLayout
+from diff_transformer.runs.checkpoint import Checkpointer
+from diff_transformer.runs.folder import CONFIG
+from diff_transformer.runs.layout import ModelLayout
+from diff_transformer.runs.record import check_tokenizer_record, read_config
+from diff_transformer.mesh import make_mesh
 
 
 def restore_model(workdir: str | Path, step: int | None = None,
@@ -45,18 +43,3 @@ def restore_model(workdir: str | Path, step: int | None = None,
     raise TrainError(f"{checkpointer.directory}: no checkpoint to restore")
   state, step = found
   return layout.model(state), config, step
-
-
-def export_run(workdir: str | Path, out: str | Path, step: int | None = None) -> dict:
-  """The run's checkpoint (newest, or `step`) as a Hugging Face folder; returns its record.
-  Every refusal comes in one line before the checkpoint is read."""
-  workdir, out = Path(workdir), Path(out)
-  config = read_config(workdir)
-  if config is None or not (workdir / TOKENIZER_RECORD).is_file():
-    raise InteropError(f"--workdir: {workdir} has no {CONFIG} or {TOKENIZER_RECORD}; not a "
-                       "training workdir")
-  spec = ModelSpec.from_config(config.model)
-  record = read_json(workdir / TOKENIZER_RECORD, InteropError)
-  tokenizer = check_export(spec, record, out, workdir, task=config.data.name)
-  model, _, step = restore_model(workdir, step=step)
-  return write_folder(model, spec, record, tokenizer, workdir, out, step)

@@ -20,7 +20,8 @@ from pathlib import Path
 import jax
 import ml_collections
 
-from diff_transformer import provenance, run_folder
+from diff_transformer import provenance
+from diff_transformer.runs import folder as run_folder
 from diff_transformer.config import base_config
 from diff_transformer.data import assert_compatible, describe
 from diff_transformer.data.tokenizer import load_tokenizer

@@ -20,12 +20,12 @@ import jax
 import ml_collections
 import orbax.checkpoint as ocp
 
-from diff_transformer import run_folder
+from diff_transformer.runs import folder as run_folder
 from diff_transformer.errors import Stopped, TrainError
-from diff_transformer.run_folder import RunFolder
-from diff_transformer.training.orbax_errors import (OrbaxErrorCatcher, one_line,
+from diff_transformer.runs.folder import RunFolder
+from diff_transformer.runs.orbax_errors import (OrbaxErrorCatcher, one_line,
                                                     quiet_failed_reads, settle_failed_reads)
-from diff_transformer.training.step import State, fingerprint
+from diff_transformer.runs.layout import State, fingerprint
 
 
 def _split_state(state: State) -> tuple[dict, dict | None]:

@@ -1,9 +1,9 @@
 """The run folder (a training run's --workdir): the one module that spells its layout.
 
-  config.json            the resolved config the run trains with (training/run_record.py)
+  config.json            the resolved config the run trains with (runs/record.py)
   code_version.json      the code that trained it (provenance.py)
   tokenizer_record.json  the tokenizer it uses, and copies of the tokenizer's files
-  train.lock             flock-held while a process trains it (training/workdir.py)
+  train.lock             flock-held while a process trains it (runs/lock.py)
   metrics.jsonl          one JSON row per logged step and per evaluation; tb/ TensorBoard events
   checkpoints/<step>/    orbax checkpoints; corrupt_checkpoints/ and diverged_checkpoints/ what
                          a resume set aside (unreadable) or a diverged run set aside
@@ -14,7 +14,7 @@
 
 Training, evaluation and the drivers reach these through `RunFolder`; tests/test_imports.py
 checks that no other package file spells summary.json, train.lock or metrics.jsonl. The
-tokenizer copies are still named by training/run_record.py, and eval/report.md by the
+tokenizer copies are still named by runs/record.py, and eval/report.md by the
 evaluation report.
 """
 from __future__ import annotations
