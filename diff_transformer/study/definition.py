@@ -27,10 +27,10 @@ from typing import Callable, NamedTuple
 
 import ml_collections
 
-from diff_transformer.config import validate
 from diff_transformer.data import synthetic
 from diff_transformer.errors import ConfigError
-from diff_transformer.model.attention import PAPER_VARIANTS, known_variant, variant_names
+from diff_transformer.model.attention import PAPER_VARIANTS
+from diff_transformer.study import checks
 from diff_transformer.study.overrides import at_lr, number, parse_set, set_key
 from diff_transformer.study.stats import ALPHA, seeds_needed, smallest_holm_p
 
@@ -266,75 +266,8 @@ class Study:
                          seeds_needed=seeds_needed(m) if m else 0)
             for family, m in self.families().items()}
 
-  def _validate_cells(self) -> None:
-    """Derived cells name a chain that ends at a registered variant; an ablation's lr comes from
-    a compared grid; the pre-named pairs compare two distinct compared names."""
-    names = [c.name for c in self.derived]
-    for cell in self.derived:
-      if not cell.name or "-" in cell.name or known_variant(cell.name) or names.count(cell.name) > 1:
-        raise ConfigError(f"study {self.name}: derived cell '{cell.name}' must be a new, unique "
-                          "name without '-' (points are <name>-s<seed>)")
-      chain, parent = [cell.name], cell.parent
-      while self.derived_cell(parent) and parent not in chain:
-        chain.append(parent)
-        parent = self.derived_cell(parent).parent
-      if parent in chain or not known_variant(parent):
-        raise ConfigError(f"study {self.name}: derived cell '{cell.name}': its parents "
-                          f"{chain[1:] + [parent]} must end at a registered variant, without a "
-                          "cycle")
-      if self.lr_grid and cell.name in self.variants and self.lr_source(cell.name) not in self.variants:
-        raise ConfigError(f"study {self.name}: derived cell '{cell.name}' trains at the lr of "
-                          f"'{self.lr_source(cell.name)}', which is not compared here; add it "
-                          "to the variants or give the cell own_lr=True")
-    for pair in self.comparisons:
-      if len(pair) != 2 or pair[0] == pair[1] or not set(pair) <= set(self.variants):
-        raise ConfigError(f"study {self.name}: comparison {pair} must be two distinct names "
-                          f"among the compared {list(self.variants)}")
-    if len(set(self.comparisons)) != len(self.comparisons):
-      raise ConfigError(f"study {self.name}: comparisons repeat a pair: {self.comparisons}")
-    for a, b, value in self.published:
-      if (a, b) not in self.comparisons or not isinstance(value, (int, float)):
-        raise ConfigError(f"study {self.name}: published figure {(a, b, value)} must name one "
-                          "of the comparisons and a number")
-
   def validate(self, design: bool = True) -> "Study":
     """Every point builds a valid config and (with `design`) the design can conclude; checked
-    before any run."""
-    if not self.seeds or len(set(self.seeds)) != len(self.seeds):
-      raise ConfigError(f"study {self.name}: seeds must be distinct and non-empty, got "
-                        f"{self.seeds}")
-    unknown = [v for v in self.variants if not known_variant(v) and not self.derived_cell(v)]
-    if unknown or not self.variants or len(set(self.variants)) != len(self.variants):
-      raise ConfigError(f"study {self.name}: variants must be distinct, non-empty and "
-                        f"registered ({', '.join(variant_names())}), module:Class or a derived "
-                        f"cell's name, got {self.variants}")
-    self._validate_cells()
-    if self.eval_rows <= 0 or self.attention_rows <= 0 or self.ar_hit_context <= 0:
-      raise ConfigError(f"study {self.name}: eval_rows, attention_rows and ar_hit_context must "
-                        "be positive")
-    if self.lr_grid_size and self.lr_grid_size not in self.sizes:
-      raise ConfigError(f"study {self.name}: lr_grid_size '{self.lr_grid_size}' is not one of "
-                        f"the sizes {list(self.sizes)}")
-    if (any(not lr > 0 for lr in self.lr_grid) or not self.lr_grid_seeds or
-        set(self.lr_grid_seeds) & set(self.seeds) or self.lr_grid_extend < 0):
-      raise ConfigError(f"study {self.name}: lr_grid must be positive, lr_grid_seeds "
-                        f"{self.lr_grid_seeds} non-empty and none of the compared seeds, "
-                        "lr_grid_extend >= 0")
-    if self.lr_grid and list(self.lr_grid) != sorted(set(self.lr_grid)):
-      raise ConfigError(f"study {self.name}: lr_grid must be increasing, got {self.lr_grid}")
-    primary = self.design()["primary"]
-    if design and not self.exploratory and primary["comparisons"] and not primary["can_resolve"]:
-      raise ConfigError(
-          f"study {self.name}: the primary family ({primary['comparisons']} comparisons, Holm) "
-          f"cannot reach p < {ALPHA} with {len(self.seeds)} seeds (smallest p "
-          f"{primary['smallest_p']:.4f}); it needs {primary['seeds_needed']} seeds or more "
-          "(--seeds), or --exploratory to run it anyway")
-    for point in self.points() + self.grid_points():
-      try:
-        config = validate(self.get_config(point))
-      except (ConfigError, ValueError, KeyError, AttributeError, TypeError) as e:
-        raise ConfigError(f"study {self.name}: point {point}: {e}") from None
-      if config.data.name not in synthetic.TASKS and self.level:
-        raise ConfigError(f"study {self.name}: point {point} trains on text; primary metric "
-                          f"'{self.primary}' needs a synthetic task")
+    before any run (study/checks.py)."""
+    checks.check(self, design)
     return self
