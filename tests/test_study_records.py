@@ -17,7 +17,7 @@ from diff_transformer import cli, launch, paths, provenance
 from diff_transformer.runs import folder as run_folder
 from diff_transformer.errors import UserError
 from diff_transformer.study import records
-from diff_transformer.runs.restore import export_run
+from diff_transformer.interop.export import export_run
 from diff_transformer.runs.lock import WorkdirLock
 from tests.helpers.studies import TINY_STUDY
 
