@@ -14,7 +14,7 @@ from flax import nnx
 from diff_transformer.errors import EvalError
 from diff_transformer.model.attention import Attention
 from diff_transformer.paths import write_atomic
-from diff_transformer.training.loss import token_nll
+from diff_transformer.model.nll import token_nll
 
 Array = jax.Array
 

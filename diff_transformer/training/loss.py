@@ -9,12 +9,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from diff_transformer.model.nll import nll_and_logz
+
 Array = jax.Array
-
-
-def token_nll(logits_BTV: Array, targets_BT: Array) -> Array:
-  """float32 [B, T]: -log p(target) = logsumexp(logits) - logit of the target."""
-  return _nll_and_logz(logits_BTV, targets_BT)[0]
 
 
 def token_sums(logits_BTV: Array, targets_BT: Array, weights_BT: Array
@@ -22,17 +19,11 @@ def token_sums(logits_BTV: Array, targets_BT: Array, weights_BT: Array
   """(nll sum, z sum, correct sum) over the weighted tokens; z = logsumexp(logits)^2 (the
   z-loss term), correct counts the targets that are the argmax (answer accuracy on synthetic
   tasks, next-token accuracy on text)."""
-  nll_BT, logz_BT = _nll_and_logz(logits_BTV, targets_BT)
+  nll_BT, logz_BT = nll_and_logz(logits_BTV, targets_BT)
   nll_sum = jnp.sum(weights_BT * nll_BT)
   z_sum = jnp.sum(weights_BT * jnp.square(logz_BT))
   correct_sum = jnp.sum(weights_BT * (jnp.argmax(logits_BTV, axis=-1) == targets_BT))
   return nll_sum, z_sum, correct_sum
-
-
-def _nll_and_logz(logits_BTV: Array, targets_BT: Array) -> tuple[Array, Array]:
-  logz_BT = jax.nn.logsumexp(logits_BTV, axis=-1)
-  target_BT = jnp.take_along_axis(logits_BTV, targets_BT[..., None], axis=-1)[..., 0]
-  return logz_BT - target_BT, logz_BT
 
 
 def objective(nll_sum: Array, z_sum: Array, z_loss: float, total_weight: Array) -> Array:
