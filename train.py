@@ -7,6 +7,7 @@ Multi-host: TPU pods and SLURM are detected; elsewhere pass --coordinator_addres
 """
 from __future__ import annotations
 
+import functools
 import json
 
 from diff_transformer import cli
@@ -50,7 +51,12 @@ def main(argv):
   # orbax, grain and the trainer load only to train (a --dry_run counts without them)
   from diff_transformer.training import initialize_distributed, train
   initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
-  summary = train(config, FLAGS.workdir)
+  start_params = None
+  if config.init_from_hf:
+    # the hf extra loads only to convert a folder; training itself never imports interop
+    from diff_transformer.interop import hf_import
+    start_params = functools.partial(hf_import.import_params, folder=config.init_from_hf)
+  summary = train(config, FLAGS.workdir, start_params=start_params)
   if summary.get("imported"):
     print(f"Imported {summary['imported']} as checkpoint step 0 (train.steps=0: no training)")
   if summary.get("stopped_by"):

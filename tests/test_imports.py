@@ -85,6 +85,7 @@ NEVER_IMPORTS = {"diff_transformer.interop": "diff_transformer.training",
                  "diff_transformer.kernels": "diff_transformer.training",
                  "diff_transformer.lm_eval": "diff_transformer.training",
                  "diff_transformer.evaluation": "diff_transformer.training",
+                 "diff_transformer.training": "diff_transformer.interop",
                  "diff_transformer.launch": "diff_transformer.training",
                  "diff_transformer.study": "diff_transformer.training",
                  "diff_transformer.sweeps": "diff_transformer.training"}

@@ -94,20 +94,3 @@ def import_params(spec: ModelSpec, folder: str | Path) -> dict[str, np.ndarray]:
     raise InteropError(f"init_from_hf: {folder} has tensor {extra[0]} that this model has no "
                        f"place for ({len(extra)} such tensors; biases?)")
   return params
-
-
-def into_state(state: dict, params: dict[str, np.ndarray], folder) -> dict:
-  """`state` (a fresh train state) with its parameters replaced by `params`, same shardings."""
-  import jax
-
-  def take(path, leaf):
-    name = ".".join(str(k.key) for k in path)
-    if name not in params:
-      raise InteropError(f"init_from_hf: {folder} gives no value for parameter {name}")
-    value = params[name]
-    if value.shape != leaf.shape:
-      raise InteropError(f"init_from_hf: parameter {name} has shape {value.shape} in {folder}, "
-                         f"this config needs {leaf.shape}")
-    return jax.device_put(value.astype(leaf.dtype), leaf.sharding)
-
-  return dict(state, params=jax.tree_util.tree_map_with_path(take, state["params"]))

@@ -11,14 +11,13 @@ import copy
 import dataclasses
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import ml_collections
 
 from diff_transformer import data, provenance
 from diff_transformer.errors import TrainError
-from diff_transformer.interop import hf_import
 from diff_transformer.model.attention import recorded_variant, variant_class
 from diff_transformer.model.spec import ModelSpec
 from diff_transformer.runs.folder import RunFolder
@@ -36,23 +35,36 @@ from diff_transformer.training.stop import StopSignal, exit_now
 from diff_transformer.runs.lock import WorkdirLock, prepare_workdir
 
 
-def _import_hf(trainer: Trainer, state, folder: str, checkpointer: Checkpointer, iterator):
-  """The fresh state with its parameters read from an HF folder, saved as checkpoint step 0 (so
-  the imported weights are on record and eval.py can read them)."""
-  params = hf_import.import_params(trainer.spec, folder)
-  state = hf_import.into_state(state, params, folder)
+def _start_from(trainer: Trainer, state, params: dict, source: str, checkpointer: Checkpointer,
+                iterator):
+  """The fresh state with its parameters replaced by `params` (flat names, e.g. from an HF
+  folder), in the same shardings, saved as checkpoint step 0 (so the starting weights are on
+  record and eval.py can read them)."""
+  def take(path, leaf):
+    name = ".".join(str(k.key) for k in path)
+    if name not in params:
+      raise TrainError(f"init_from_hf: {source} gives no value for parameter {name}")
+    value = params[name]
+    if value.shape != leaf.shape:
+      raise TrainError(f"init_from_hf: parameter {name} has shape {value.shape} in {source}, "
+                       f"this config needs {leaf.shape}")
+    return jax.device_put(value.astype(leaf.dtype), leaf.sharding)
+
+  state = dict(state, params=jax.tree_util.tree_map_with_path(take, state["params"]))
   checkpointer.save(0, state, iterator)
   checkpointer.wait()
-  print(f"Initialised from the Hugging Face folder {folder}; saved as checkpoint step 0",
-        flush=True)
+  print(f"Initialised from {source}; saved as checkpoint step 0", flush=True)
   return state
 
 
-def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
+def train(config: ml_collections.ConfigDict, workdir: str | Path,
+          start_params: Callable[[ModelSpec], dict] | None = None) -> dict:
   """Trains to config.train.steps (resuming if the workdir holds checkpoints); returns a summary
   {step, loss, val_loss, unigram_entropy, tokens_per_s, mfu, stopped_by}. The caller's config is
   never changed: what the run fills in (the recorded variant name, the vocabulary from the
-  tokenizer) goes into its own copy, which config.json records."""
+  tokenizer) goes into its own copy, which config.json records. A new run with
+  config.init_from_hf starts from `start_params(spec)`: flat parameters the caller converts
+  (train.py reads the Hugging Face folder with interop.hf_import)."""
   config = copy.deepcopy(config)
   workdir = Path(workdir).expanduser().resolve()
   prepare_workdir(workdir)  # before any expensive work
@@ -61,7 +73,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
   if notice:
     print(f"warning: {workdir}: {notice}", flush=True)
   try:
-    return _train(config, workdir, lock)
+    return _train(config, workdir, lock, start_params)
   finally:
     if lock is not None:
       lock.release()
@@ -94,7 +106,7 @@ def _record_variant(config: ml_collections.ConfigDict) -> None:
           "run cannot import it (define it in a module)", flush=True)
 
 
-def _open(config: ml_collections.ConfigDict, workdir: Path) -> _Run:
+def _open(config: ml_collections.ConfigDict, workdir: Path, start_params=None) -> _Run:
   """Data, run record checks, mesh, state: everything that can refuse comes before the state."""
   t = config.train
   _record_variant(config)
@@ -107,9 +119,12 @@ def _open(config: ml_collections.ConfigDict, workdir: Path) -> _Run:
                      f"{dataset.tokenizer.name} tokenizer's {dataset.vocab_size} ids")
   batch_change = run_record.check_run_record(workdir, config, dataset.tokenizer)
   spec = ModelSpec.from_config(config.model)
+  params = None
   if config.init_from_hf and not any(RunFolder(workdir).checkpoints.glob("*")):
-    # A new run from an HF folder: one line about a wrong folder before any state is built.
-    hf_import.check_folder(spec, config.init_from_hf)
+    if start_params is None:
+      raise TrainError("init_from_hf: train() got no start_params to convert "
+                       f"{config.init_from_hf} with; run train.py, which converts the folder")
+    params = start_params(spec)  # a wrong folder: one line, before any state is built
   mesh = make_mesh(config.mesh)
   check_parallelism(config, mesh, spec)
   trainer = Trainer(config, mesh, spec)
@@ -124,8 +139,8 @@ def _open(config: ml_collections.ConfigDict, workdir: Path) -> _Run:
     state, start = trainer.init(), 0
   run_record.write_run_record(workdir, config, dataset)
   code_change = run_record.record_code_version(workdir, start)
-  if found is None and config.init_from_hf:
-    state = _import_hf(trainer, state, config.init_from_hf, checkpointer, iterator)
+  if found is None and params is not None:
+    state = _start_from(trainer, state, params, config.init_from_hf, checkpointer, iterator)
   return _Run(config, workdir, dataset, mesh, trainer, iterator, checkpointer, state, start,
               resumed=found is not None, batch_change=batch_change, code_change=code_change)
 
@@ -166,8 +181,9 @@ def _start_logging(run: _Run) -> tuple[MetricsLogger, RateWindow]:
   return logger, window
 
 
-def _train(config: ml_collections.ConfigDict, workdir: Path, lock: WorkdirLock | None) -> dict:
-  run = _open(config, workdir)
+def _train(config: ml_collections.ConfigDict, workdir: Path, lock: WorkdirLock | None,
+           start_params=None) -> dict:
+  run = _open(config, workdir, start_params)
   if config.init_from_hf and not run.resumed and config.train.steps == 0:
     run.checkpointer.close()
     return dict(step=0, stopped_by=None, imported=config.init_from_hf)
