@@ -18,6 +18,7 @@ cli.default_platform()
 from absl import flags  # noqa: E402
 
 from diff_transformer import launch  # noqa: E402
+from diff_transformer.runs.record import setting  # noqa: E402
 from diff_transformer.sweeps import report  # noqa: E402
 from diff_transformer.sweeps.definition import SweepError  # noqa: E402
 
@@ -42,8 +43,9 @@ def main(argv):
     root = str(paths.output_dir(root, "--root"))
   if not FLAGS.collect_only:
     with launch.holding(root, "sweep.py") if local else contextlib.nullcontext():
+      settings = {p: setting(sweep.get_config(p)) for p in sweep.points()}
       status = launch.run(sweep, FLAGS.sweep, root, mode=FLAGS.mode, launcher=FLAGS.launcher,
-                          check_settings=True, retrain=FLAGS.retrain_changed)
+                          settings=settings, retrain=FLAGS.retrain_changed)
     print(json.dumps({k: sum(v == k for v in status.values()) for k in ("skipped", "ran", "printed")}))
     if FLAGS.mode == "print":
       return

@@ -161,12 +161,13 @@ def run(plan: Plan, plan_file: str, root: str, *, mode: str = "local", launcher:
         extra_args: tuple[str, ...] = (), points: list[str] | None = None,
         point_args: dict[str, tuple[str, ...]] | None = None, keep_going: bool = False,
         jobs: int = 1, on_done: Callable[[str, str], None] | None = None,
-        check_settings: bool = False, retrain: bool = False) -> dict[str, str]:
+        settings: dict[str, dict] | None = None, retrain: bool = False) -> dict[str, str]:
   """Runs `points` (default: every point of the plan; `point_args` adds flags per point), up
   to `jobs` at once. Returns {point: 'skipped' | 'ran' | 'printed' | 'failed (exit N); see
   LOG'}; a failed local run raises unless keep_going, which records it and goes on. With
-  check_settings, a workdir trained under another setting than the point's config is refused
-  in one line, or with `retrain` moved aside and trained anew."""
+  `settings` (each point's resolved setting, runs.record.setting), a workdir trained under
+  another is refused in one line, or with `retrain` moved aside and trained anew: the one
+  setting guard, for both drivers."""
   plan.validate()
   if mode not in ("local", "print"):
     raise LaunchError(f"--mode: '{mode}' is not one of local, print")
@@ -175,8 +176,8 @@ def run(plan: Plan, plan_file: str, root: str, *, mode: str = "local", launcher:
   todo = []
   for point in plan.points() if points is None else points:
     workdir = os.path.join(root, point)
-    if check_settings:
-      check_setting(Path(workdir), point, plan.get_config(point), retrain)
+    if settings is not None:
+      check_setting(Path(workdir), point, settings[point], retrain)
     if finished(plan, point, workdir):
       status[point] = "skipped"
     else:

@@ -19,7 +19,7 @@ from diff_transformer.study import grid as lr_grid
 from diff_transformer.study import cells, markdown, opening, records, run_metrics, study_json
 from diff_transformer.study.cells import num
 from diff_transformer.study.stats import paired_censored, seeds_needed, smallest_holm_p
-from diff_transformer.runs.record import check_setting
+from diff_transformer.runs.record import check_setting, setting
 
 ROOT = Path(__file__).resolve().parents[1]
 RETRIEVAL = ROOT / "configs/studies/retrieval.py"
@@ -211,30 +211,30 @@ def test_a_text_study_report_says_what_it_resolves_and_drops_an_ar_hit_split_wit
 def test_a_record_is_reused_only_for_its_setting(tmp_path):
   study = retrieval()
   config = study.resolved_config("diff-s0", 3e-3)
-  records.write(tmp_path, "diff-s0", dict(variant="diff", seed=0), config)
-  assert records.read(tmp_path, "diff-s0", config)["variant"] == "diff"
-  assert records.read(tmp_path, "diff-s0", study.resolved_config("diff-s0", 4.5e-3)) is None
+  records.write(tmp_path, "diff-s0", dict(variant="diff", seed=0), setting(config))
+  assert records.read(tmp_path, "diff-s0", setting(config))["variant"] == "diff"
+  assert records.read(tmp_path, "diff-s0", setting(study.resolved_config("diff-s0", 4.5e-3))) is None
   other = study.with_options(sets=("data.task.num_keys=6",)).resolved_config("diff-s0", 3e-3)
-  assert records.read(tmp_path, "diff-s0", other) is None
+  assert records.read(tmp_path, "diff-s0", setting(other)) is None
   cadence = study.resolved_config("diff-s0", 3e-3)
   cadence.train.log_every = 7  # logging cadence does not change the result
-  assert records.read(tmp_path, "diff-s0", cadence) is not None
+  assert records.read(tmp_path, "diff-s0", setting(cadence)) is not None
   # A workdir trained under another setting is refused in one line naming the keys, or with
   # retrain moved aside (kept) so the point trains anew.
   (tmp_path / "w").mkdir()
   (tmp_path / "w" / "config.json").write_text(config.to_json_best_effort())
-  check_setting(tmp_path / "w", "diff-s0", config)
+  check_setting(tmp_path / "w", "diff-s0", setting(config))
   with pytest.raises(UserError) as e:
-    check_setting(tmp_path / "w", "diff-s0", other)
+    check_setting(tmp_path / "w", "diff-s0", setting(other))
   assert len(message_lines(e.value)) == 1 and "data.task.num_keys 4 -> 6" in str(e.value)
   assert "--retrain_changed" in str(e.value)
-  check_setting(tmp_path / "w", "diff-s0", other, retrain=True)
+  check_setting(tmp_path / "w", "diff-s0", setting(other), retrain=True)
   aside = list(tmp_path.glob("w.setting-*"))
   assert not (tmp_path / "w").exists() and len(aside) == 1
   assert (aside[0] / "config.json").read_text() == config.to_json_best_effort()
   # A new record for the point keeps the other setting's record aside too.
-  records.write(tmp_path, "diff-s0", dict(variant="diff", seed=0), other)
-  assert records.read(tmp_path, "diff-s0", other) is not None
+  records.write(tmp_path, "diff-s0", dict(variant="diff", seed=0), setting(other))
+  assert records.read(tmp_path, "diff-s0", setting(other)) is not None
   assert len(list((tmp_path / "records").glob("diff-s0.json.replaced-*"))) == 1
 
 

@@ -17,6 +17,7 @@ from diff_transformer import cli, launch, paths, provenance
 from diff_transformer.runs import folder as run_folder
 from diff_transformer.errors import UserError
 from diff_transformer.study import records
+from diff_transformer.runs.record import setting
 from diff_transformer.interop.export import export_run
 from diff_transformer.runs.lock import WorkdirLock
 from tests.helpers.studies import TINY_STUDY
@@ -38,18 +39,18 @@ def _config():
 def test_a_damaged_record_is_named_and_kept_aside_when_rebuilt(tmp_path, capsys, damage, grid):
   config = _config()
   fields = dict(lr=1e-3, seed=0) if grid else dict(variant="transformer", seed=0)
-  records.write(tmp_path, "p", fields, config, grid=grid)
-  assert records.read(tmp_path, "p", config, grid=grid)["seed"] == 0
+  records.write(tmp_path, "p", fields, setting(config), grid=grid)
+  assert records.read(tmp_path, "p", setting(config), grid=grid)["seed"] == 0
   content, words = DAMAGE[damage]
   if grid and damage == "keys_missing":
     words = "missing setting, lr, seed"
   target = records.path(tmp_path, "p", grid)
   target.write_bytes(content)
-  assert records.read(tmp_path, "p", config, grid=grid) is None  # retrained or rebuilt, never trusted
+  assert records.read(tmp_path, "p", setting(config), grid=grid) is None  # retrained or rebuilt, never trusted
   out = capsys.readouterr().out
   assert f"warning: {target}: damaged record ({words})" in out and out.count("\n") == 1
-  records.write(tmp_path, "p", fields, config, grid=grid)  # the rebuilt record
-  assert records.read(tmp_path, "p", config, grid=grid)["seed"] == 0
+  records.write(tmp_path, "p", fields, setting(config), grid=grid)  # the rebuilt record
+  assert records.read(tmp_path, "p", setting(config), grid=grid)["seed"] == 0
   kept = list(target.parent.glob("p.json.damaged-*"))
   assert len(kept) == 1 and kept[0].read_bytes() == content  # nothing saved is lost
 
@@ -184,7 +185,7 @@ def test_a_refused_record_write_keeps_the_records_before_it(tmp_path, monkeypatc
   """A full disk while a driver writes a record: one line naming the file; the records already
   written stay readable (the driver stops there: launch.run stops its children and re-raises)."""
   config = _config()
-  records.write(tmp_path, "a", dict(variant="transformer", seed=0), config)
+  records.write(tmp_path, "a", dict(variant="transformer", seed=0), setting(config))
   real = Path.write_text
 
   def full(self, *args, **kwargs):
@@ -194,9 +195,9 @@ def test_a_refused_record_write_keeps_the_records_before_it(tmp_path, monkeypatc
 
   monkeypatch.setattr(Path, "write_text", full)
   with pytest.raises(UserError, match="could not be written \\(No space left on device\\)"):
-    records.write(tmp_path, "b", dict(variant="transformer", seed=1), config)
+    records.write(tmp_path, "b", dict(variant="transformer", seed=1), setting(config))
   monkeypatch.undo()
-  assert records.read(tmp_path, "a", config)["seed"] == 0
+  assert records.read(tmp_path, "a", setting(config))["seed"] == 0
   assert not records.path(tmp_path, "b").exists()
   assert not list(records.path(tmp_path, "b").parent.glob(".*tmp*"))
 

@@ -74,16 +74,15 @@ def differences(expected: dict, recorded: dict) -> list[tuple[str, object, objec
   return [(k, recorded.get(k), expected.get(k)) for k in keys if recorded.get(k) != expected.get(k)]
 
 
-def check_setting(workdir: Path, point: str, config: ml_collections.ConfigDict,
-                  retrain: bool = False) -> None:
-  """A run started under another setting (a study file, an override or a grid's choice changed
-  since) would be skipped or resumed as if it were this point: refused in one line naming the
-  keys that differ, or with `retrain` moved aside (<workdir>.setting-<time>, never deleted) so
-  the point trains anew."""
+def check_setting(workdir: Path, point: str, expected: dict, retrain: bool = False) -> None:
+  """A run started under another setting than `expected` (the point's setting(); a study file,
+  an override or a grid's choice changed since) would be skipped or resumed as if it were this
+  point: refused in one line naming the keys that differ, or with `retrain` moved aside
+  (<workdir>.setting-<time>, never deleted) so the point trains anew."""
   trained = read_config(workdir)
   if trained is None:
     return
-  diff = differences(setting(config), setting(trained))
+  diff = differences(expected, setting(trained))
   if not diff:
     return
   if retrain:

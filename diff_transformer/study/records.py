@@ -17,10 +17,9 @@ import os
 import time
 from pathlib import Path
 
-import ml_collections
 
 from diff_transformer.paths import write_atomic
-from diff_transformer.runs.record import differences, setting
+from diff_transformer.runs.record import differences
 
 RECORDS = "records"
 GRID = "lr_grid"
@@ -32,10 +31,9 @@ def path(results: Path, point: str, grid: bool = False) -> Path:
   return Path(results) / RECORDS / (GRID if grid else "") / f"{point}.json"
 
 
-def write(results: Path, point: str, record: dict, config: ml_collections.ConfigDict,
-          grid: bool = False) -> dict:
+def write(results: Path, point: str, record: dict, setting: dict, grid: bool = False) -> dict:
   """Writes the record (atomically) with the setting it was trained under; returns it."""
-  record = dict(point=point, **record, setting=setting(config))
+  record = dict(point=point, **record, setting=setting)
   target = path(results, point, grid)
   target.parent.mkdir(parents=True, exist_ok=True)
   old = _load(target, grid, quiet=True)
@@ -46,11 +44,11 @@ def write(results: Path, point: str, record: dict, config: ml_collections.Config
   return record
 
 
-def read(results: Path, point: str, config: ml_collections.ConfigDict, grid: bool = False
-         ) -> dict | None:
-  """The point's record if there is one for exactly this setting, else None."""
+def read(results: Path, point: str, setting: dict, grid: bool = False) -> dict | None:
+  """The point's record if there is one for exactly this setting (runs.record.setting of the
+  config the point would train with), else None."""
   record = _load(path(results, point, grid), grid)
-  if record is None or differences(setting(config), record["setting"]):
+  if record is None or differences(setting, record["setting"]):
     return None
   return record
 

@@ -4,6 +4,7 @@ the evaluation of each finished run, and one record per run (study/records.py), 
 as the run finishes. Children run `jobs` at once, each on its own core."""
 from __future__ import annotations
 
+import functools
 import json
 import math
 from pathlib import Path
@@ -17,7 +18,7 @@ from diff_transformer.runs.folder import RunFolder
 from diff_transformer.study import grid as lr_grid
 from diff_transformer.study import records, run_metrics
 from diff_transformer.study.definition import Study
-from diff_transformer.runs.record import check_setting
+from diff_transformer.runs.record import setting
 
 # The suites a study evaluates each finished run with (a subset of what eval.py can run).
 STUDY_TASK_SUITES = ("task", "attention", "outliers")
@@ -58,7 +59,7 @@ def run(study: Study, study_file: str, root: str | Path, results: str | Path | N
                                 train, retrain, grid=True).items():
         if p not in status or why != "recorded":  # a grown grid's second round keeps "ran"
           status[p] = why
-      found = {p: records.read(results, p, study.get_config(p), grid=True) for p in points}
+      found = {p: records.read(results, p, point_setting(study, p), grid=True) for p in points}
       return {p: r for p, r in found.items() if r is not None}
     grid = lr_grid.tune(study, run_grid, trained_floor(study))
     write_atomic(results / "lr_grid.json", json.dumps(grid, indent=1) + "\n")
@@ -79,40 +80,39 @@ def _run_points(study: Study, study_file: str, root: Path, results: Path, points
   """Points without a record for their setting are trained (workdirs under another setting
   refused first) and recorded; a finished run without a record is recorded without training."""
   lrs = lrs or {}
-  configs = {p: study.resolved_config(p, lrs.get(p)) for p in points}
-  status = {p: "recorded" for p in points if records.read(results, p, configs[p], grid=grid)}
+  settings = {p: point_setting(study, p, lrs.get(p)) for p in points}
+  status = {p: "recorded" for p in points if records.read(results, p, settings[p], grid=grid)}
   todo = [p for p in points if p not in status]
   if not train:
     return dict(status, **{p: "not run (report only)" for p in todo})
-  for p in todo:
-    check_setting(root / p, p, configs[p], retrain)
+  configs = {p: study.resolved_config(p, lrs.get(p)) for p in todo}
   record = _grid_point_record if grid else _point_record
   def on_done(point: str, workdir: str) -> None:
-    record(study, point, Path(workdir), results, configs[point])
+    record(study, point, Path(workdir), results, configs[point], settings[point])
   point_args = {p: (study.grid_args(p) if grid else
                     study.lr_args(p, lrs[p]) if lrs.get(p) is not None else ()) for p in todo}
   ran = launch.run(study, study_file, str(root), points=todo,
                    extra_args=study.override_args(), point_args=point_args,
-                   keep_going=True, jobs=jobs, on_done=on_done)
+                   keep_going=True, jobs=jobs, on_done=on_done, settings=settings, retrain=retrain)
   for p, why in ran.items():
     if why == "skipped":  # finished before this invocation, not yet recorded
       on_done(p, str(root / p))
       launch.raise_if_stopped()
     elif why.startswith("failed") and grid:  # a diverged grid run is a result of the grid
-      _grid_point_record(study, p, root / p, results, configs[p], failed=why)
+      _grid_point_record(study, p, root / p, results, configs[p], settings[p], failed=why)
   status.update(ran)
   return status
 
 
 def _grid_point_record(study: Study, point: str, workdir: Path, results: Path, config,
-                       failed: str = "") -> None:
+                       setting: dict, failed: str = "") -> None:
   """A grid run's record; a failed run's holds the last line of its log instead of results."""
   out = dict(lr=study.parse(point).lr, seed=study.parse(point).seed, budget=config.train.steps)
   folder = RunFolder(workdir)
   if failed:
     log = folder.log
     lines = log.read_text(errors="replace").strip().splitlines() if log.is_file() else []
-    records.write(results, point, dict(out, failed=(lines or [failed])[-1][-300:]), config,
+    records.write(results, point, dict(out, failed=(lines or [failed])[-1][-300:]), setting,
                   grid=True)
     return
   summary, rows = folder.read_summary() or {}, folder.metric_rows()
@@ -125,10 +125,11 @@ def _grid_point_record(study: Study, point: str, workdir: Path, results: Path, c
              code_versions=run_metrics.code_versions(workdir), curve=points)
   if study.level:
     out["steps_to_level"], out["reached"] = run_metrics.first_step(points, study.level)
-  records.write(results, point, out, config, grid=True)
+  records.write(results, point, out, setting, grid=True)
 
 
-def _point_record(study: Study, point: str, workdir: Path, results: Path, config) -> None:
+def _point_record(study: Study, point: str, workdir: Path, results: Path, config,
+                  setting: dict) -> None:
   """Evaluates a finished compared run at its last step (if not yet) and writes its record."""
   names = suites(study)
   step = (RunFolder(workdir).read_summary() or {}).get("step")
@@ -137,7 +138,7 @@ def _point_record(study: Study, point: str, workdir: Path, results: Path, config
                         ar_hit_context=study.ar_hit_context,
                         seed=1234)  # the same eval rows for every run
     evaluate(workdir, list(names), step=step, settings=settings)
-  records.write(results, point, _record(study, point, workdir, config), config)
+  records.write(results, point, _record(study, point, workdir, config), setting)
 
 
 def _record(study: Study, point: str, workdir: Path, config) -> dict:
@@ -162,6 +163,13 @@ def _record(study: Study, point: str, workdir: Path, config) -> dict:
   return record
 
 
+@functools.lru_cache(maxsize=None)
+def point_setting(study: Study, point: str, lr: float | None = None) -> dict:
+  """The setting a point trains with (at `lr`, its grid's choice), computed once per point:
+  what its record, the workdir guard and the report all compare against."""
+  return setting(study.resolved_config(point, lr))
+
+
 def point_lrs(study: Study, grid: dict) -> dict[str, float | None]:
   """The lr each compared point trains at: its grid cell's choice (None: the preset's, or every
   grid lr failed when there is a grid)."""
@@ -173,8 +181,7 @@ def collect(study: Study, results: str | Path, grid: dict) -> list[dict]:
   lr); points without one are left out (the report counts n per cell)."""
   out, lrs = [], point_lrs(study, grid)
   for point in study.points():
-    config = study.resolved_config(point, lrs[point])
-    record = records.read(Path(results), point, config)
+    record = records.read(Path(results), point, point_setting(study, point, lrs[point]))
     if record is not None:
       out.append({k: v for k, v in record.items() if k != "setting"})
   return out
