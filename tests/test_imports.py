@@ -109,17 +109,21 @@ def test_sweeps_and_studies_import_neither_each_other():
           assert not target.startswith(other), f"{p}:{line}: {m} imports {target}"
 
 
-RUN_FOLDER_NAMES = ("summary.json", "train.lock", "metrics.jsonl")
+# A namesake that is not a run's file: a Hugging Face folder's own config.json.
+NAMESAKES = {("config.json", "diff_transformer/interop/hf_import.py")}
 
 
 def test_only_the_run_folder_module_spells_the_run_folder():
-  """One module owns the run folder's layout (runs/folder.py); every other file asks it."""
+  """One module owns the run folder's layout (runs/folder.py, its RUN_FILES); every other file
+  asks it."""
+  from diff_transformer.runs.folder import RUN_FILES
   owner = PACKAGE / "runs" / "folder.py"
   for p in SOURCES:
     if p != owner:
       text = p.read_text()
-      spelled = [n for n in RUN_FOLDER_NAMES if n in text]
-      assert not spelled, f"{p.relative_to(ROOT)} spells {spelled}: use runs.folder.RunFolder"
+      spelled = [n for n in RUN_FILES if re.search(rf"[\"']{re.escape(n)}[\"'/]", text)
+                 and (n, str(p.relative_to(ROOT))) not in NAMESAKES]
+      assert not spelled, f"{p.relative_to(ROOT)} spells {spelled}: use runs.folder"
 
 
 def test_rooms_stay_small():

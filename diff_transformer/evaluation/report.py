@@ -7,7 +7,7 @@ from pathlib import Path
 
 from diff_transformer.evaluation import common, icl, long_context, quantization
 from diff_transformer.errors import EvalError
-from diff_transformer.runs.folder import RunFolder
+from diff_transformer.runs.folder import EVAL_REPORT, RunFolder
 
 def metrics(name: str, r: dict) -> dict[str, object]:
   """The suite's key numbers, flat (one row each in the report and the comparison table)."""
@@ -137,7 +137,7 @@ def write_report(out_dir: Path) -> Path:
     lines += _table(["metric", "value"], [[k, v] for k, v in metrics(name, r).items()]) + [""]
     lines += _details(name, r) + [""]
     lines += [f"![{name}]({p})" for p in r.get("plots", [])] + [""]
-  path = out_dir / "report.md"
+  path = out_dir / EVAL_REPORT
   path.write_text("\n".join(lines))
   return path
 
@@ -150,7 +150,7 @@ def compare(workdirs: list[str], out_dir: Path | None = None) -> Path:
   for w in workdirs:
     res = load(RunFolder(w).eval_dir)
     if not res:
-      raise EvalError(f"--compare: {Path(w) / 'eval'} holds no suite results; run "
+      raise EvalError(f"--compare: {RunFolder(w).eval_dir} holds no suite results; run "
                       f"`python eval.py --workdir {w}` first")
     runs[Path(w).name if Path(w).name not in runs else w] = res
   out_dir = out_dir or Path(workdirs[0]).parent / "compare"

@@ -12,10 +12,9 @@
   eval/<suite>.json      evaluation results (eval.py); eval/report.md
   sweep.log              the output of a driver's (sweep.py, study.py) child
 
-Training, evaluation and the drivers reach these through `RunFolder`; tests/test_imports.py
-checks that no other package file spells summary.json, train.lock or metrics.jsonl. The
-tokenizer copies are still named by runs/record.py, and eval/report.md by the
-evaluation report.
+Training, evaluation and the drivers reach these through `RunFolder` and the names below;
+tests/test_imports.py checks that no other file spells a name of RUN_FILES. The tokenizer copies
+keep the names the data package gives the tokenizer's own files.
 """
 from __future__ import annotations
 
@@ -38,6 +37,11 @@ SUMMARY = "summary.json"
 EVAL = "eval"
 LOG = "sweep.log"
 TENSORBOARD = "tb"
+EVAL_REPORT = "report.md"  # inside eval/
+TOKENIZER_COPIES = ("tokenizer.json", "tokenizer.tiktoken", "tiktoken.json")  # data's names
+# The names only a run folder has (report.md and the tokenizer files have namesakes elsewhere).
+RUN_FILES = (CONFIG, CODE_VERSION, TOKENIZER_RECORD, LOCK, METRICS, CHECKPOINTS,
+             CORRUPT_CHECKPOINTS, DIVERGED_CHECKPOINTS, SUMMARY, EVAL, LOG, TENSORBOARD)
 
 
 class RunFolder:
@@ -59,6 +63,8 @@ class RunFolder:
   eval_dir = property(lambda self: self.path / EVAL)
   log = property(lambda self: self.path / LOG)
   tensorboard = property(lambda self: self.path / TENSORBOARD)
+
+  eval_report = property(lambda self: self.eval_dir / EVAL_REPORT)
 
   def eval_result(self, suite: str) -> Path:
     return self.eval_dir / f"{suite}.json"

@@ -28,8 +28,6 @@ from diff_transformer.data.tokenizer import load_tokenizer
 from diff_transformer.errors import DataError, TrainError, last_line, read_json
 from diff_transformer.tree import flatten
 
-TOKENIZER_COPY = "tokenizer.json"
-TOKENIZER_FILES = (TOKENIZER_COPY, "tokenizer.tiktoken", "tiktoken.json")  # copied into the run
 
 
 def write_run_record(workdir: Path, config: ml_collections.ConfigDict, dataset) -> None:
@@ -43,7 +41,7 @@ def write_run_record(workdir: Path, config: ml_collections.ConfigDict, dataset) 
   # produced by the data, recorded so an export or a reader knows which ids are real.
   record["vocab_padding"] = int(config.model.vocab_size) - record["vocab_size"]
   (workdir / run_folder.TOKENIZER_RECORD).write_text(json.dumps(record, indent=2) + "\n")
-  for name in TOKENIZER_FILES:  # whichever the data's tokenizer keeps (bpe, file, tiktoken)
+  for name in run_folder.TOKENIZER_COPIES:  # whichever the data's tokenizer keeps (bpe, file, tiktoken)
     source = Path(dataset.path) / name
     if record["name"] != "byte" and source.is_file():
       shutil.copyfile(source, workdir / name)
@@ -160,7 +158,7 @@ def check_tokenizer_record(workdir: Path, tokenizer=None) -> dict:
   if tokenizer is not None:
     assert_compatible(record, tokenizer)
   elif record.get("name") == "byte" or any((Path(workdir) / n).is_file()
-                                           for n in TOKENIZER_FILES[:2]):
+                                           for n in run_folder.TOKENIZER_COPIES[:2]):
     load_tokenizer(record, workdir)  # raises DataError if the copy's checksum differs
   # A task's layout is checked with its data; file tokenizers against the data's own copy.
   elif record.get("name") not in ("bpe", "file", "tiktoken", "synthetic"):
