@@ -231,3 +231,18 @@ def test_committed_studies_rebuild_from_their_records_unchanged(tmp_path, name):
             if not line.startswith("This report was rebuilt from the run records")]
   assert report(results) == report(committed)
   assert (results / "invocations.jsonl").read_bytes() == (committed / "invocations.jsonl").read_bytes()
+
+
+def test_a_grid_run_that_failed_before_its_first_step_is_no_result_of_the_grid(tmp_path):
+  """A diverged grid run is recorded as a failed lr; one that never trained a step (a broken
+  install, a missing module) is left unrecorded, so the grid does not lose that lr."""
+  from diff_transformer.study.runner import trained_a_step
+  started = tmp_path / "started"
+  started.mkdir()
+  assert not trained_a_step(started) and not trained_a_step(tmp_path / "never")
+  folder = run_folder.RunFolder(started)
+  folder.metrics.write_text(json.dumps(dict(step=0, kind="val", val_loss=5.0)) + "\n")
+  assert not trained_a_step(started)
+  with folder.metrics.open("a") as f:
+    f.write(json.dumps(dict(step=1, kind="train", loss=float("nan"))) + "\n")
+  assert trained_a_step(started)

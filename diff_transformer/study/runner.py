@@ -98,10 +98,17 @@ def _run_points(study: Study, study_file: str, root: Path, results: Path, points
     if why == "skipped":  # finished before this invocation, not yet recorded
       on_done(p, str(root / p))
       launch.raise_if_stopped()
-    elif why.startswith("failed") and grid:  # a diverged grid run is a result of the grid
+    elif why.startswith("failed") and grid and trained_a_step(root / p):
+      # a diverged grid run is a result of the grid (one that failed before its first step is
+      # not: a broken install or a missing file; it stays unrecorded and a rerun tries it again)
       _grid_point_record(study, p, root / p, results, configs[p], settings[p], failed=why)
   status.update(ran)
   return status
+
+
+def trained_a_step(workdir: Path) -> bool:
+  """Whether the run logged a training step (its failure, if any, is then one of training)."""
+  return any(r.get("kind") == "train" for r in RunFolder(workdir).metric_rows())
 
 
 def _grid_point_record(study: Study, point: str, workdir: Path, results: Path, config,
