@@ -90,7 +90,8 @@ def budgets(result: dict) -> list[str]:
            f"at the last evaluation within {', '.join(f'{s}%' for s in SHARES)} of the steps"
            f"{where}; the same runs, read from their curves; the lr was tuned for the full "
            "budget. A change inside one schedule is not a tokens axis."] + [""] +
-          table(["variant"] + [f"at {label(i)}" for i in range(len(SHARES))], rows) +
+          table(["pair" if result["study"].get("comparisons") else "variant"] +
+                [f"at {label(i)}" for i in range(len(SHARES))], rows) +
           (["", f"From {label(0)} to {label(len(SHARES) - 1)} the mean gap "
             + "; ".join(notes) + "."] if notes else []) + [""])
 
