@@ -27,8 +27,12 @@ def source_packages() -> set[str]:
 def test_the_wheel_installs_every_package_and_the_programs_import_from_it(tmp_path):
   # A clean copy: setuptools would reuse a stale build/ of the checkout.
   src = tmp_path / "src"
-  shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
-      ".git", "build", "runs", ".cache", "*.egg-info", "__pycache__", ".pytest_cache"))
+  skip = shutil.ignore_patterns(".git", "build", ".cache", "*.egg-info", "__pycache__",
+                                ".pytest_cache")
+
+  def ignore(folder, names):  # the top-level runs/ output folder, not diff_transformer/runs
+    return set(skip(folder, names)) | ({"runs"} if Path(folder) == ROOT else set())
+  shutil.copytree(ROOT, src, ignore=ignore)
   build = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
                           "--no-build-isolation", "-w", str(tmp_path / "dist"), str(src)],
                          capture_output=True, text=True, timeout=300)
