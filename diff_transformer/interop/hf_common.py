@@ -55,12 +55,19 @@ class Target:
   q_heads_per_head = 1  # HF query heads per our head (DIFF V2: 2)
   sub_heads = 1  # HF counts d-wide sub-heads (DiffLlama: 2 per differential head)
   bundled_files: tuple[str, ...] = ()  # modelling files (interop/remote/) copied into the export
+  auto_map: dict[str, str] = {}  # how AutoConfig / AutoModel find bundled classes
+
+  def config_class(self):
+    """The transformers config class of this architecture (the hf extra's transformers)."""
+    import transformers  # the hf extra: loaded only by an export
+    return getattr(transformers, self.architecture.replace("ForCausalLM", "Config"))
 
   def config_object(self, fields: dict):
-    """The transformers config object of this architecture (the hf extra's transformers)."""
-    import transformers  # the hf extra: loaded only by an export
-    config = getattr(transformers, self.architecture.replace("ForCausalLM", "Config"))(**fields)
+    """The config object an export writes: its class, architecture and any auto_map."""
+    config = self.config_class()(**fields)
     config.architectures = [self.architecture]
+    if self.auto_map:
+      config.auto_map = dict(self.auto_map)
     return config
 
   def check(self, spec: ModelSpec) -> None:

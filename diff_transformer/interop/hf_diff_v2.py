@@ -11,16 +11,14 @@ class DiffV2(Target):
   architecture = "DiffV2ForCausalLM"
   q_heads_per_head = 2
   bundled_files = ("configuration_diff_v2.py", "modeling_diff_v2.py")
+  auto_map = {"AutoConfig": "configuration_diff_v2.DiffV2Config",
+              "AutoModelForCausalLM": "modeling_diff_v2.DiffV2ForCausalLM"}
 
-  def config_object(self, fields: dict):
-    """The bundled config class, with the auto_map that lets AutoModel find the bundled model."""
+  def config_class(self):
+    """The bundled config class (the export copies its file beside the weights)."""
     # the bundled file imports transformers (the hf extra): loaded only by an export
     from diff_transformer.interop.remote.configuration_diff_v2 import DiffV2Config
-    config = DiffV2Config(**fields)
-    config.auto_map = {"AutoConfig": "configuration_diff_v2.DiffV2Config",
-                       "AutoModelForCausalLM": "modeling_diff_v2.DiffV2ForCausalLM"}
-    config.architectures = [self.architecture]
-    return config
+    return DiffV2Config
 
   def check(self, spec: ModelSpec) -> None:
     if spec.v2_pairing != "interleaved":
