@@ -343,6 +343,8 @@ CELL_REFUSALS = {  # a badly made derived cell or pair -> the words of its one-l
     "pair_unknown": (dict(comparisons=(("diff", "nope"),)), "must be two distinct names"),
     "pair_repeated": (dict(comparisons=(("diff", "transformer"), ("diff", "transformer"))),
                       "comparisons repeat a pair"),
+    "published_cell_unknown": (dict(published_cells=(("nope", 1.0),)),
+                               "published cell value ('nope', 1.0) must name a compared cell"),
     "published_unpaired": (dict(comparisons=(("diff", "transformer"),),
                                 published=(("diff_v2", "transformer", 0.1),)),
                            "must name one of the comparisons"),

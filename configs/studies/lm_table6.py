@@ -54,15 +54,16 @@ STUDY = Study(
         ("diff@lambda0.8", "diff"),  # (5) lambda_init 0.8 everywhere
         ("diff@lambda0.5", "diff"),  # (6) lambda_init 0.5 everywhere
     ),
-    # The paper's Table 6 rows (validation loss): Transformer 16 heads of d=128 3.087, 8 heads of
-    # d=256 3.088, + GroupNorm 3.086; DIFF 8 heads 3.062, without GroupNorm 3.122, lambda_init
-    # 0.8 3.065, 0.5 3.066. Each pair's a - b from them:
+    # Table 6's rows (published_cells, below) and each pair's a - b from them:
     published=(("transformer@2x64", "transformer", round(3.088 - 3.087, 3)),
                ("transformer@2x64norm", "transformer@2x64", round(3.086 - 3.088, 3)),
                ("diff", "transformer@2x64", round(3.062 - 3.088, 3)),
                ("diff@nosubln", "diff", round(3.122 - 3.062, 3)),
                ("diff@lambda0.8", "diff", round(3.065 - 3.062, 3)),
                ("diff@lambda0.5", "diff", round(3.066 - 3.062, 3))),
+    published_cells=(("transformer", 3.087), ("transformer@2x64", 3.088),
+                     ("transformer@2x64norm", 3.086), ("diff", 3.062), ("diff@nosubln", 3.122),
+                     ("diff@lambda0.8", 3.065), ("diff@lambda0.5", 3.066)),
     published_source=("the DIFF paper's Table 6: 1.4B-parameter models after 10B tokens, one "
                       "validation loss per row, in nats per BPE token (ours: nats per byte); "
                       "its rows 16x128 / 8x256 / 8x256 + GroupNorm / DIFF 8 heads / DIFF "

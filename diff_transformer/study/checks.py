@@ -38,6 +38,10 @@ def _cells(study) -> None:
                         f"among the compared {list(study.variants)}")
   if len(set(study.comparisons)) != len(study.comparisons):
     raise ConfigError(f"study {study.name}: comparisons repeat a pair: {study.comparisons}")
+  for name, value in study.published_cells:
+    if name not in study.variants or not isinstance(value, (int, float)):
+      raise ConfigError(f"study {study.name}: published cell value {(name, value)} must name a "
+                        "compared cell and a number")
   for a, b, value in study.published:
     if (a, b) not in study.comparisons or not isinstance(value, (int, float)):
       raise ConfigError(f"study {study.name}: published figure {(a, b, value)} must name one "

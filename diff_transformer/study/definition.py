@@ -74,6 +74,7 @@ class Study:
   # A published figure per pre-named pair (a, b, a - b in the source's units), shown beside the
   # study's; `published_source` names the source and its units.
   published: tuple[tuple[str, str, float], ...] = ()
+  published_cells: tuple[tuple[str, float], ...] = ()  # the source's own value per cell
   published_source: str = ""
   sizes: tuple[str, ...] = ()  # model sizes (LM studies); empty: one setting
   # The one metric named before the run (its family: one comparison per variant), and the few

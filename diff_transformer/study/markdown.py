@@ -98,7 +98,9 @@ def _secondary(result: dict, metrics: list[str]) -> list[str]:
 
 
 def _cells(result: dict) -> list[str]:
-  """The compared cells: what each is built from and at which lr it trained."""
+  """The compared cells: what each is built from, at which lr it trained, its primary metric
+  beside the published source's value for it."""
+  primary = result["study"]["primary"]
   rows = []
   for v, c in result["study"]["cells"].items():
     lr = "-" if c["lr"] is None else f"{c['lr']:g}"
@@ -106,10 +108,12 @@ def _cells(result: dict) -> list[str]:
     rows.append([v, c["parent"] or "registered variant",
                  ", ".join(f"{k}={x}" for k, x in c["overrides"].items()) or "-",
                  f"{lr} ({source})",
-                 ", ".join(f"{n:,}" for n in c["params"]) or "-"])
+                 ", ".join(f"{n:,}" for n in c["params"]) or "-",
+                 pm(result["summary"].get(v, {}).get(primary)),
+                 "-" if c.get("published") is None else f"{c['published']:g}"])
   return (["## Cells", ""] +
-          table(["cell", "built from", "overrides (after its parent's)", "lr", "parameters"], rows)
-          + [""])
+          table(["cell", "built from", "overrides (after its parent's)", "lr", "parameters",
+                 f"`{primary}` (mean ± std)", "published"], rows) + [""])
 
 
 def _pairs_primary(result: dict) -> list[str]:

@@ -116,14 +116,15 @@ def compare(study: Study, runs: list[dict]) -> dict:
 def cells_info(study: Study, runs: list[dict], grid: dict) -> dict:
   """Per compared name beyond the variants: what it is built from, its overrides, where its lr
   comes from, and the parameters its runs have."""
-  out = {}
+  out, published = {}, dict(study.published_cells)
   for v in study.variants:
     cell = study.derived_cell(v)
     params = sorted({r["params"] for r in runs if r["variant"] == v and "params" in r})
     out[v] = dict(parent=cell.parent if cell else None,
                   overrides=dict(cell.overrides) if cell else {},
                   lr_from=study.lr_source(v),
-                  lr=(grid.get("chosen") or {}).get(study.lr_source(v)), params=params)
+                  lr=(grid.get("chosen") or {}).get(study.lr_source(v)), params=params,
+                  published=published.get(v))
   return out
 
 

@@ -27,6 +27,7 @@ CELLS_STUDY = TINY_STUDY.replace("from diff_transformer.study import Study",
                             (("train.warmup_steps", 1),), own_lr=True)),
               comparisons=(("diff_v2", "transformer"), ("transformer@wd0", "transformer"),
                            ("transformer@warm1", "transformer@wd0")),
-              published=(("diff_v2", "transformer", -0.5),), published_source="a test figure",''').replace(
+              published=(("diff_v2", "transformer", -0.5),), published_source="a test figure",
+              published_cells=(("transformer@wd0", 7.25),),''').replace(
     "quick_lr_grid=(1e-3, 3e-3)", 'quick_lr_grid=(1e-3,), primary="final_loss"').replace(
     "quick_seeds=(0, 1)", "quick_seeds=(0,)")  # 7 tiny runs: 3 grid cells, 4 compared
