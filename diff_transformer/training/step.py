@@ -57,13 +57,13 @@ class Trainer:
     self.layout = ModelLayout(self.spec, mesh)
     self.tx = make_optimizer(config.train, decay_mask(self.layout.param_variables, config.train))
     self.replicated = NamedSharding(mesh, P())
-    self.abstract_state = jax.eval_shape(functools.partial(self._init_fn, 0))
+    self.abstract_state = jax.eval_shape(functools.partial(self.init_fn, 0))
     self.state_shardings = self._shardings(self.abstract_state)
     self.abstract_state = jax.tree.map(
         lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
         self.abstract_state, self.state_shardings)
-    self._init = jax.jit(self._init_fn, static_argnums=0, out_shardings=self.state_shardings)
-    self._train_step = jax.jit(self._train_step_fn, out_shardings=(self.state_shardings, None),
+    self._init = jax.jit(self.init_fn, static_argnums=0, out_shardings=self.state_shardings)
+    self._train_step = jax.jit(self.train_step_fn, out_shardings=(self.state_shardings, None),
                                donate_argnums=0)
     self._grads = jax.jit(self._grads_fn)
     self._eval_step = jax.jit(self._eval_step_fn)
@@ -87,7 +87,8 @@ class Trainer:
                 constants=jax.tree.map(lambda _: self.replicated, abstract_state["constants"]),
                 opt_state=jax.tree_util.tree_map_with_path(opt_leaf, abstract_state["opt_state"]))
 
-  def _init_fn(self, seed: int) -> State:
+  def init_fn(self, seed) -> State:
+    """A fresh state (unjitted, unsharded) from a seed or a jax.random key (a traced one too)."""
     model = build_model(self.spec, nnx.Rngs(seed))
     _, params, constants = nnx.split(model, nnx.Param, ...)
     params = nnx.to_pure_dict(params)
@@ -148,13 +149,20 @@ class Trainer:
     layer_metrics = jax.tree.map(lambda v: jnp.sum(v, axis=0) / total_weight, weighted_ML)
     return grads, sums, layer_metrics, total_weight
 
-  def _train_step_fn(self, state: State, batch: Batch) -> tuple[State, dict]:
+  def train_step_fn(self, state: State, batch: Batch, lr_scale=None) -> tuple[State, dict]:
+    """The pure train step (jitted by train_step; vmapped over members by population.py). With
+    `lr_scale`, the step of this config at train.lr * lr_scale: AdamW's update is lr_t (m/sqrt(v)
+    + wd p), lr_t = lr * shape(t), so scaling the update is that run's step."""
     params = state["params"]
     grads, (nll_sum, z_sum, correct_sum), layer_metrics, total_weight = self._grads_fn(
         params, state["constants"], batch)
     updates, opt_state = self.tx.update(grads, state["opt_state"], params)
+    lr = self.schedule(state["step"])
+    if lr_scale is not None:
+      updates = jax.tree.map(lambda u: u * lr_scale.astype(u.dtype), updates)
+      lr = lr * lr_scale
     metrics = dict(loss=nll_sum / total_weight, grad_norm=optax.tree.norm(grads),
-                   lr=self.schedule(state["step"]), tokens=total_weight,
+                   lr=lr, tokens=total_weight,
                    accuracy=correct_sum / total_weight, layers=layer_metrics)
     if self.z_loss:
       metrics["z_loss"] = z_sum / total_weight
