@@ -5,8 +5,9 @@ A member is the run its (seed, lr) would be alone: `init` builds member i from s
 as Trainer.init(seeds[i]) does, and each member steps on its own batch (stacked [P, B, T]). The
 lr is an input, not a recompile: AdamW's update is -lr_t (m/sqrt(v) + wd p) with lr_t =
 lr * shape(t) (warmup, then linear decay to final_lr, whose ratio to lr the study keeps), so a
-member at lr * s is the reference optimizer's update scaled by s (Trainer.train_step_fn). A member whose loss is not
-finite stops updating (its state is held) and is reported in `finite`; the others go on.
+member at lr * s is the reference optimizer's update scaled by s (Trainer.train_step_fn). A
+member whose loss is not finite stops updating (its state is held) and is reported in
+`finite`; the others go on.
 
 This is the step only: nothing drives it from study.py yet.
 """
@@ -45,7 +46,7 @@ class Population:
   def _member_step(self, state: State, batch: Batch, lr_scale: jax.Array):
     stepped, metrics = self.trainer.train_step_fn(state, batch, lr_scale)
     finite = jnp.isfinite(metrics["loss"])
-    # a member that went NaN keeps its last finite state; the others are not affected
+    # a member whose loss is not finite stops updating; the others are not affected
     new_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), stepped, state)
     return new_state, dict(metrics, finite=finite)
 
