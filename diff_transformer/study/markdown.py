@@ -186,17 +186,14 @@ def write(result: dict, root: Path) -> Path:
   else:
     metrics = [_at(m, z) for z in _sizes(result) for m in TEXT_METRICS]
     primary = result["study"]["primary"]
-    if result["study"].get("comparisons"):
-      lines += (_cells(result) + _pairs_primary(result) + _speed_notes(result) +
-                _text_tables(result, root) +
-                _secondary(result, [m for m in metrics if m != primary]))
-    else:
-      lines += ([f"## Primary: `{primary}`", ""] +
-                table(["variant", "mean ± std", "paired difference vs Transformer"],
-                      [[v, pm(s.get(primary)), diff(result["paired"].get(v, {}).get(primary))
-                        if v != BASELINE else "baseline"] for v, s in result["summary"].items()])
-                + [""] + _speed_notes(result) + _text_tables(result, root) +
-                _secondary(result, [m for m in metrics if m != primary]))
+    head = (_cells(result) + _pairs_primary(result) if result["study"].get("comparisons") else
+            [f"## Primary: `{primary}`", ""] +
+            table(["variant", "mean ± std", "paired difference vs Transformer"],
+                  [[v, pm(s.get(primary)), diff(result["paired"].get(v, {}).get(primary))
+                    if v != BASELINE else "baseline"] for v, s in result["summary"].items()])
+            + [""])
+    lines += (head + _speed_notes(result) + _text_tables(result, root) +
+              _secondary(result, [m for m in metrics if m != primary]))
   path = root / "report.md"
   write_atomic(path, "\n".join(lines))
   return path

@@ -9,7 +9,9 @@ import numpy as np
 
 from diff_transformer.study.cells import against, diff, num, plural, signed, table
 from diff_transformer.study.stats import smallest_effect
+from diff_transformer.evaluation.loss import FREQUENCY_CLASSES
 from diff_transformer.study.definition import BASELINE
+from diff_transformer.study.study_json import BREAKDOWNS
 
 DESCENT_LIMIT = 0.05  # past early descent: the last 20% of steps made under 5% of the fall
 SHARES = (25, 50, 100)
@@ -152,8 +154,10 @@ def breakdowns(result: dict) -> list[str]:
   """Per pair, the paired gap in whole-split loss by position in the context and by the target's
   training frequency (descriptive): mean over seeds and how many seeds have it positive."""
   paired, runs = result["paired"], result["runs"]
-  names = sorted({k for r in runs for k in r if k.startswith(("loss_at_pos_", "loss_on_"))},
-                 key=lambda k: (k.startswith("loss_on_"), _frequency_rank(k), k))
+  classes = [name for name, _ in FREQUENCY_CLASSES]
+  names = sorted({k for r in runs for k in r if k.startswith(BREAKDOWNS)},
+                 key=lambda k: (k.startswith("loss_on_"),
+                                classes.index(k[8:]) if k[8:] in classes else -1, k))
   if not paired or not names:
     return []
   pairs = list(paired)
@@ -183,7 +187,3 @@ def breakdowns(result: dict) -> list[str]:
            "difference / n). Not tested."] + [""] +
           table(["where"] + pairs, rows) + [""])
 
-
-def _frequency_rank(name: str) -> int:
-  order = ("frequent", "middle", "rare")
-  return next((i for i, c in enumerate(order) if name.endswith(c)), -1)
