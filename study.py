@@ -45,6 +45,10 @@ flags.DEFINE_string("results", "", "Directory of study.json, report.md, plots an
 flags.DEFINE_integer("jobs", 2, "Training children at once, each on its own CPU core (1: one "
                      "child on every core; benchmarks/study_children.py measured 2 faster on 2 "
                      "cores for the studies' tiny models).")
+flags.DEFINE_string("population", "auto", "Members per training program: N trains a cell's "
+                    "seeds (a grid cell's lrs on one grid seed) in programs of up to N members "
+                    "(train.py --population); 1: one train.py per run; auto: "
+                    "study/runner.py default_population, by platform.")
 flags.DEFINE_bool("report_only", False, "Train nothing: write study.json and the report from "
                   "the run records in --results (e.g. committed ones).")
 flags.DEFINE_bool("retrain_changed", False, "Train anew the points whose workdir was trained "
@@ -62,6 +66,7 @@ def command() -> str:
            if getattr(FLAGS, k)]
   args += [f"--set={s}" for s in FLAGS.set]
   args += [f"--{k}={getattr(FLAGS, k)}" for k in ("variants", "seeds", "name") if getattr(FLAGS, k)]
+  args += [f"--population={FLAGS.population}"] if FLAGS.population != "auto" else []
   args += [f"--{k}={v if not Path(v).is_absolute() else f'<{k}>'}"
            for k in ("root", "results") if (v := getattr(FLAGS, k))]
   return shlex.join(["python", "study.py"] + args + [f"--jobs={FLAGS.jobs}"])
@@ -80,6 +85,7 @@ def main(argv):
                              name=FLAGS.name, exploratory=FLAGS.exploratory).validate()
   if FLAGS.jobs < 1:
     raise ConfigError(f"--jobs: must be a positive number of children, got {FLAGS.jobs}")
+  population = runner.population_size(FLAGS.population)
   root = paths.output_dir(FLAGS.root or Path("runs") / "studies" / study.name, "--root")
   results = paths.output_dir(FLAGS.results, "--results") if FLAGS.results else root
   with contextlib.ExitStack() as held:  # one driver per root (and per results directory)
@@ -87,7 +93,8 @@ def main(argv):
     for folder, flag in held_flags.items():
       held.enter_context(launch.holding(folder, "study.py", flag))
     status, grid = runner.run(study, FLAGS.study, root, results, jobs=FLAGS.jobs,
-                              train=not FLAGS.report_only, retrain=FLAGS.retrain_changed)
+                              train=not FLAGS.report_only, retrain=FLAGS.retrain_changed,
+                              population=population)
     runs = runner.collect(study, results, grid)
     missing = [p for p in study.points() if p not in {r["point"] for r in runs}]
     ran = sum(s.startswith("ran") for s in status.values())

@@ -4,11 +4,14 @@ Resumes automatically from the newest checkpoint in --workdir; SIGTERM/SIGINT sa
 Multi-host: TPU pods and SLURM are detected; elsewhere pass --coordinator_address,
 --num_processes and --process_id to every process (docs/training.md).
 `--dry_run` builds the model abstractly and prints its parameter table; the last line is JSON.
+`--population=FILE` trains the members a members file lists (each one train.py command line, as
+study.py --population writes them) as one program on one device (docs/training.md).
 """
 from __future__ import annotations
 
 import functools
 import json
+from pathlib import Path
 
 from diff_transformer import cli
 
@@ -26,6 +29,8 @@ flags.DEFINE_string("coordinator_address", "", "host:port of process 0 (multi-pr
                     "outside TPU pods / SLURM).")
 flags.DEFINE_integer("num_processes", 0, "Number of processes (with --coordinator_address).")
 flags.DEFINE_integer("process_id", -1, "This process's index (with --coordinator_address).")
+flags.DEFINE_string("population", "", "A members file (JSON: name, members[].args, each "
+                    "member's train.py arguments): train them as one program on one device.")
 FLAGS = flags.FLAGS
 
 
@@ -40,8 +45,30 @@ def dry_run(config) -> dict:
   return summary
 
 
+def population(path: str) -> None:
+  """The members of a members file trained as one program; exit status 1 names the members
+  that failed (each one's log says why), the others are finished runs."""
+  from diff_transformer.errors import ConfigError, read_json
+  listing = read_json(Path(path), ConfigError)
+  members = [cli.config_from_args(m["args"]) for m in listing["members"]]
+  from diff_transformer.training.population_loop import train_population
+  summaries = train_population([c for c, _ in members], [w for _, w in members],
+                               name=listing.get("name", Path(path).stem))
+  failed = [Path(w).name for (_, w), s in zip(members, summaries) if s.get("failed")]
+  stopped = next((s["stopped_by"] for s in summaries if s.get("stopped_by")), None)
+  if stopped:
+    print(f"Stopped by {stopped}; run the same command to resume.", flush=True)
+  if failed:
+    cli.exit_with(f"error: population: members {', '.join(failed)} failed; each one's log says why", 1)
+
+
 def main(argv):
   del argv
+  if FLAGS.population:
+    from absl import logging
+    logging.set_verbosity(logging.WARNING)
+    population(FLAGS.population)
+    return
   config = cli.load_config()
   if FLAGS.dry_run:
     dry_run(config)

@@ -16,6 +16,7 @@ import ast
 import importlib.util
 import logging
 import os
+import shlex
 import sys
 import traceback
 from pathlib import Path
@@ -178,6 +179,29 @@ def load_config(name: str = "config"):
     fail(str(e))
   except _LIBRARY_ERRORS as e:
     fail(_one_line(e))
+
+
+def config_from_args(args: list[str]) -> tuple[Any, str]:
+  """(validated config, workdir) of train.py's `--config=FILE[:preset]`, `--config.x=v` and
+  `--workdir=DIR` arguments, parsed by the same flag machinery as train.py's own (a
+  population's members are the train.py command lines they would run alone)."""
+  from ml_collections import config_flags
+  argv = ["train.py"] + [f"--config={resolve_config_path(a.split('=', 1)[1])}"
+                         if a.startswith("--config=") else a for a in args]
+  values = flags.FlagValues()
+  try:
+    # the override flags (--config.x=v) are defined from the argv given at definition
+    config_flags.DEFINE_config_file("config", None, "Config file.", flag_values=values,
+                                    lock_config=True, sys_argv=argv)
+    flags.DEFINE_string("workdir", None, "Run directory.", flag_values=values)
+    values(argv)
+    if values.config is None or values.workdir is None:
+      raise ConfigError(f"member {shlex.join(args)}: needs --config and --workdir")
+    return validate(values.config), values.workdir
+  except UserError:
+    raise
+  except _LIBRARY_ERRORS as e:
+    raise ConfigError(_one_line(e)) from None
 
 
 def default_platform() -> None:

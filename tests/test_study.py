@@ -91,6 +91,29 @@ def study(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
                                 if k.startswith(("JAX_", "XLA_"))}})  # the session's cache, flags
 
 
+# What differs between two trainings of one study: wall times, the program, the command.
+_PROVENANCE = {"population", "train_seconds", "command", "wall_seconds", "invocations",
+               "machine", "code_versions", "rebuilt"}
+
+
+def _assert_same_study(got, want, path: str = "") -> None:
+  """Equal study results, numbers to float32 reduction-order differences (a population's step
+  is its members' steps batched: same math, other summation order)."""
+  if isinstance(want, dict):
+    keys = set(want) | set(got)
+    assert {k for k in keys if k not in _PROVENANCE} <= set(want) & set(got), path
+    for k in keys - _PROVENANCE:
+      _assert_same_study(got[k], want[k], f"{path}.{k}")
+  elif isinstance(want, list):
+    assert len(got) == len(want), path
+    for i, (g, w) in enumerate(zip(got, want)):
+      _assert_same_study(g, w, f"{path}[{i}]")
+  elif isinstance(want, float) and isinstance(got, float):
+    assert got == pytest.approx(want, rel=1e-4, abs=1e-6, nan_ok=True), path
+  else:
+    assert got == want, path
+
+
 def test_quick_study_runs_end_to_end_and_resumes(tmp_path):
   """The quick form with command-line options: an lr grid, every variant at its best grid lr,
   floors per slice, censoring, exact p and Holm on every paired entry, the command recorded."""
@@ -136,6 +159,18 @@ def test_quick_study_runs_end_to_end_and_resumes(tmp_path):
     assert p["mean_diff"] == pytest.approx(sum(diffs) / 2)
   text = (root / "report.md").read_text()
   assert "Primary" in text and "floor: one_key" in text and (root / "learning_curves.png").is_file()
+  # The same study with each cell's seeds (and each grid cell's lrs) in one program of two
+  # members: the records differ only in the field naming the program, the study not at all.
+  pop_root = tmp_path / "population_root"
+  pop_args = [a.replace(str(root), str(pop_root)) for a in args]
+  result = study(tmp_path, *pop_args, "--population=2")
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert sorted(p.name for p in pop_root.glob("**/populations/*.json")) == [
+      "diff_v2-lr0.001-s1000+1.json", "diff_v2-s1+1.json", "transformer-lr0.001-s1000+1.json",
+      "transformer-s1+1.json"]
+  pop = json.loads((pop_root / "study.json").read_text())
+  assert all(r["population"] == 2 for r in pop["runs"])
+  _assert_same_study(pop, data)
   # The same study under another --set is refused before anything trains, in one line naming
   # the key; with --retrain_changed those points train anew and the old workdirs are kept.
   changed = [a.replace("num_keys=6", "num_keys=7") for a in args]

@@ -6,7 +6,9 @@
   train.lock             flock-held while a process trains it (runs/lock.py)
   metrics.jsonl          one JSON row per logged step and per evaluation; tb/ TensorBoard events
   checkpoints/<step>/    orbax checkpoints; corrupt_checkpoints/ and diverged_checkpoints/ what
-                         a resume set aside (unreadable) or a diverged run set aside
+                         a resume set aside (unreadable) or a diverged run set aside;
+                         ahead_checkpoints/ a population member's steps past the population's
+                         newest common step (training/population_loop.py)
   summary.json           written (atomically) once the run reached its last step or its
                          accuracy level: a finished run, which sweeps and studies skip
   eval/<suite>.json      evaluation results (eval.py); eval/report.md
@@ -33,6 +35,7 @@ METRICS = "metrics.jsonl"
 CHECKPOINTS = "checkpoints"
 CORRUPT_CHECKPOINTS = "corrupt_checkpoints"
 DIVERGED_CHECKPOINTS = "diverged_checkpoints"
+AHEAD_CHECKPOINTS = "ahead_checkpoints"
 SUMMARY = "summary.json"
 EVAL = "eval"
 LOG = "sweep.log"
@@ -41,7 +44,8 @@ EVAL_REPORT = "report.md"  # inside eval/
 TOKENIZER_COPIES = ("tokenizer.json", "tokenizer.tiktoken", "tiktoken.json")  # data's names
 # The names only a run folder has (report.md and the tokenizer files have namesakes elsewhere).
 RUN_FILES = (CONFIG, CODE_VERSION, TOKENIZER_RECORD, LOCK, METRICS, CHECKPOINTS,
-             CORRUPT_CHECKPOINTS, DIVERGED_CHECKPOINTS, SUMMARY, EVAL, LOG, TENSORBOARD)
+             CORRUPT_CHECKPOINTS, DIVERGED_CHECKPOINTS, AHEAD_CHECKPOINTS, SUMMARY, EVAL, LOG,
+             TENSORBOARD)
 
 
 class RunFolder:

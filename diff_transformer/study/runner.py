@@ -11,6 +11,7 @@ from pathlib import Path
 
 from diff_transformer import launch, params
 from diff_transformer.data import synthetic
+from diff_transformer.errors import ConfigError
 from diff_transformer.evaluation import Settings, evaluate, floors
 from diff_transformer.model.spec import ModelSpec
 from diff_transformer.paths import write_atomic
@@ -43,11 +44,47 @@ def trained_floor(study: Study) -> float:
   return floors.highest(floors.row_floors(spec, synthetic.generate(spec, "val", 1234, 0, 256)))
 
 
+# Members per program under --population=auto, by jax platform. CPU: 1, measured:
+# benchmarks/results/population.json finds 0.84-1.03x the member-steps/s of standalone runs at
+# the LM and retrieval settings (the CPU step is already compute-bound), so one process per run
+# costs nothing and keeps runs independent. An accelerator: 8, not yet measured there; the
+# studies' sub-million-parameter models leave a GPU nearly idle, so members share its kernels
+# and one compile.
+AUTO_POPULATION = {"cpu": 1}
+AUTO_POPULATION_ACCELERATOR = 8
+
+
+def population_size(text: str) -> int:
+  """--population: a positive number of members per program, or `auto` (AUTO_POPULATION)."""
+  if text == "auto":
+    import jax
+    return AUTO_POPULATION.get(jax.default_backend(), AUTO_POPULATION_ACCELERATOR)
+  if not text.isdigit() or int(text) < 1:
+    raise ConfigError(f"--population: '{text}' is not a positive number of members or auto")
+  return int(text)
+
+
+def populations(study: Study, points: list[str], size: int, grid: bool = False
+                ) -> list[list[str]]:
+  """`points` in programs of up to `size` members: a compared cell's seeds, or one grid cell's
+  lrs on one grid seed (members differ only in seed and lr; population_loop.py)."""
+  if size <= 1:
+    return []
+  cells: dict[tuple, list[str]] = {}
+  for point in points:
+    p = study.parse(point)
+    key = (p.variant, p.size, p.seed if grid else None)
+    cells.setdefault(key, []).append(point)
+  return [members[i:i + size] for members in cells.values()
+          for i in range(0, len(members), size)]
+
+
 def run(study: Study, study_file: str, root: str | Path, results: str | Path | None = None,
-        jobs: int = 1, train: bool = True, retrain: bool = False
+        jobs: int = 1, train: bool = True, retrain: bool = False, population: int = 1
         ) -> tuple[dict[str, str], dict]:
-  """Trains (train.py per point, `jobs` at once) and evaluates every point; returns the status
-  per point and the lr grid. A failed run is recorded with its log and the others go on. With
+  """Trains (train.py per point, `jobs` at once; with `population` > 1 a cell's points in
+  programs of up to that many members) and evaluates every point; returns the status per point
+  and the lr grid. A failed run is recorded with its log and the others go on. With
   train=False nothing runs: the grid and the points are what their records hold. A workdir
   trained under another setting is refused, or with `retrain` set aside and trained anew."""
   root = Path(root)
@@ -56,7 +93,7 @@ def run(study: Study, study_file: str, root: str | Path, results: str | Path | N
   if study.lr_grid:
     def run_grid(points: list[str]) -> dict[str, dict]:
       for p, why in _run_points(study, study_file, root / GRID_DIR, results, points, jobs,
-                                train, retrain, grid=True).items():
+                                train, retrain, population, grid=True).items():
         if p not in status or why != "recorded":  # a grown grid's second round keeps "ran"
           status[p] = why
       found = {p: records.read(results, p, point_setting(study, p), grid=True) for p in points}
@@ -69,12 +106,12 @@ def run(study: Study, study_file: str, root: str | Path, results: str | Path | N
   status.update({p: "not run: every lr of its grid failed" for p in skipped})
   status.update(_run_points(study, study_file, root, results,
                             [p for p in study.points() if p not in skipped], jobs, train,
-                            retrain, lrs=lrs))
+                            retrain, population, lrs=lrs))
   return status, grid
 
 
 def _run_points(study: Study, study_file: str, root: Path, results: Path, points: list[str],
-                jobs: int, train: bool, retrain: bool,
+                jobs: int, train: bool, retrain: bool, population: int,
                 lrs: dict[str, float | None] | None = None, grid: bool = False
                 ) -> dict[str, str]:
   """Points without a record for their setting are trained (workdirs under another setting
@@ -93,7 +130,8 @@ def _run_points(study: Study, study_file: str, root: Path, results: Path, points
                     study.lr_args(p, lrs[p]) if lrs.get(p) is not None else ()) for p in todo}
   ran = launch.run(study, study_file, str(root), points=todo,
                    extra_args=study.override_args(), point_args=point_args,
-                   keep_going=True, jobs=jobs, on_done=on_done, settings=settings, retrain=retrain)
+                   keep_going=True, jobs=jobs, on_done=on_done, settings=settings, retrain=retrain,
+                   groups=populations(study, todo, population, grid))
   for p, why in ran.items():
     if why == "skipped":  # finished before this invocation, not yet recorded
       on_done(p, str(root / p))
@@ -123,6 +161,7 @@ def _grid_point_record(study: Study, point: str, workdir: Path, results: Path, c
                   grid=True)
     return
   summary, rows = folder.read_summary() or {}, folder.metric_rows()
+  out |= _program(summary)
   points = run_metrics.curve(rows, "val_accuracy" if study.level else "val_loss")
   unigram = summary.get("unigram_entropy")
   out.update(steps=summary.get("step"), final_loss=summary.get("val_loss"),
@@ -162,12 +201,18 @@ def _record(study: Study, point: str, workdir: Path, config) -> dict:
                 final_loss=summary.get("val_loss"), val_accuracy=summary.get("val_accuracy"),
                 train_seconds=run_metrics.train_seconds(rows),
                 code_versions=run_metrics.code_versions(workdir))
+  record |= _program(summary)
   if study.is_task:
     record.update(run_metrics.task_record(ev, run_metrics.curve(rows), study.level or 0.9))
   else:
     tokens = config.train.global_batch_size * config.data.seq_len
     record.update(run_metrics.text_record(ev, rows, tokens, summary.get("unigram_entropy")))
   return record
+
+
+def _program(summary: dict) -> dict:
+  """The one field by which a population member's record differs from a standalone run's."""
+  return {"population": summary["population"]["members"]} if "population" in summary else {}
 
 
 @functools.lru_cache(maxsize=None)

@@ -80,7 +80,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path,
 
 
 @dataclasses.dataclass
-class _Run:
+class Run:
   """What the step loop works on, opened (and resumed or initialised) from config + workdir."""
   config: ml_collections.ConfigDict
   workdir: Path
@@ -106,9 +106,9 @@ def _record_variant(config: ml_collections.ConfigDict) -> None:
           "run cannot import it (define it in a module)", flush=True)
 
 
-def _open(config: ml_collections.ConfigDict, workdir: Path, start_params=None) -> _Run:
-  """Data, run record checks, mesh, state: everything that can refuse comes before the state."""
-  t = config.train
+def open_data(config: ml_collections.ConfigDict):
+  """The run's dataset; fills in what the run records (the variant's recorded name, the
+  vocabulary from the tokenizer) in `config`, refusing a vocabulary too small for the data."""
   _record_variant(config)
   dataset = data.load_dataset(config.data, seq_len=config.data.seq_len)
   if config.model.vocab_multiple:  # rows from the tokenizer (config.py); recorded as padding
@@ -117,6 +117,13 @@ def _open(config: ml_collections.ConfigDict, workdir: Path, start_params=None) -
   if dataset.vocab_size > config.model.vocab_size:
     raise TrainError(f"model.vocab_size: {config.model.vocab_size} is smaller than the "
                      f"{dataset.tokenizer.name} tokenizer's {dataset.vocab_size} ids")
+  return dataset
+
+
+def _open(config: ml_collections.ConfigDict, workdir: Path, start_params=None) -> Run:
+  """Data, run record checks, mesh, state: everything that can refuse comes before the state."""
+  t = config.train
+  dataset = open_data(config)
   batch_change = run_record.check_run_record(workdir, config, dataset.tokenizer)
   spec = ModelSpec.from_config(config.model)
   params = None
@@ -141,11 +148,13 @@ def _open(config: ml_collections.ConfigDict, workdir: Path, start_params=None) -
   code_change = run_record.record_code_version(workdir, start)
   if found is None and params is not None:
     state = _start_from(trainer, state, params, config.init_from_hf, checkpointer, iterator)
-  return _Run(config, workdir, dataset, mesh, trainer, iterator, checkpointer, state, start,
+  return Run(config, workdir, dataset, mesh, trainer, iterator, checkpointer, state, start,
               resumed=found is not None, batch_change=batch_change, code_change=code_change)
 
 
-def _start_logging(run: _Run) -> tuple[MetricsLogger, RateWindow]:
+def start_logging(run: Run, bar: bool = True) -> tuple[MetricsLogger, RateWindow]:
+  """The run's metrics log and rate window, with its opening rows and lines (`bar`: its own
+  progress bar; a population shows one for all its members)."""
   config, spec, t = run.config, run.trainer.spec, run.config.train
   seq_len = run.dataset.seq_len
   tokens_per_step = t.global_batch_size * seq_len
@@ -157,7 +166,7 @@ def _start_logging(run: _Run) -> tuple[MetricsLogger, RateWindow]:
                               if jax.process_index() == 0 else (math.nan, "not logged here"))
   window = RateWindow(tokens_per_step, flops_per_step, executed_per_token * tokens_per_step,
                       peak_tflops * 1e12 * jax.device_count())
-  logger = MetricsLogger(run.workdir, t.steps, run.start)
+  logger = MetricsLogger(run.workdir, t.steps, run.start, bar=bar)
   logger.write(run.start, dict(peak_tflops_per_device=peak_tflops, peak_source=peak_source,
                                kernel=kernel, model_flops_per_step=flops_per_step,
                                executed_flops_per_step=window.executed_flops), kind="flops")
@@ -187,7 +196,7 @@ def _train(config: ml_collections.ConfigDict, workdir: Path, lock: WorkdirLock |
   if config.init_from_hf and not run.resumed and config.train.steps == 0:
     run.checkpointer.close()
     return dict(step=0, stopped_by=None, imported=config.init_from_hf)
-  logger, window = _start_logging(run)
+  logger, window = start_logging(run)
   stop = StopSignal(lambda: exit_now(run.checkpointer, lock))
   try:
     summary = _steps(run, logger, window, stop)
@@ -196,11 +205,11 @@ def _train(config: ml_collections.ConfigDict, workdir: Path, lock: WorkdirLock |
     run.checkpointer.close()  # waits for the async save to commit
     logger.close()
   if summary["stopped_by"] is None and "val_loss" in summary:
-    _finish(run, summary)
+    finish(run, summary)
   return summary
 
 
-def _steps(run: _Run, logger: MetricsLogger, window: RateWindow, stop: StopSignal) -> dict:
+def _steps(run: Run, logger: MetricsLogger, window: RateWindow, stop: StopSignal) -> dict:
   """The step loop: train, check finiteness one step late (dispatch stays async), log, evaluate,
   save; a stop request saves and leaves at the step every process agrees on."""
   t, trainer, checkpointer = run.config.train, run.trainer, run.checkpointer
@@ -256,7 +265,7 @@ def _steps(run: _Run, logger: MetricsLogger, window: RateWindow, stop: StopSigna
   return summary
 
 
-def _finish(run: _Run, summary: dict) -> None:
+def finish(run: Run, summary: dict) -> None:
   """The final line, and the run's summary: the record that it reached its last step (sweeps
   and studies skip such runs on a rerun)."""
   summary["unigram_entropy"] = data.unigram_entropy(run.dataset)

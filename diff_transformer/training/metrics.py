@@ -98,7 +98,7 @@ class MetricsLogger:
   Only process 0 writes; every process may call it.
   """
 
-  def __init__(self, workdir: Path, total_steps: int, start_step: int):
+  def __init__(self, workdir: Path, total_steps: int, start_step: int, bar: bool = True):
     self.enabled = jax.process_index() == 0
     if not self.enabled:
       return
@@ -107,8 +107,8 @@ class MetricsLogger:
     folder = RunFolder(workdir)
     self.jsonl = open(folder.metrics, "a", buffering=1)
     self.tb = _summary_writer()(str(folder.tensorboard))
-    self.bar = tqdm(total=total_steps, initial=start_step, dynamic_ncols=True, unit="step",
-                    mininterval=1.0)
+    self.bar = (tqdm(total=total_steps, initial=start_step, dynamic_ncols=True, unit="step",
+                     mininterval=1.0) if bar else None)
 
   def write(self, step: int, values: dict[str, float], kind: str = "train") -> None:
     if not self.enabled:
@@ -121,7 +121,7 @@ class MetricsLogger:
         self.tb.add_scalar(f"{kind}/{k}", v, step)
 
   def progress(self, step: int, values: dict[str, float]) -> None:
-    if not self.enabled:
+    if not self.enabled or self.bar is None:
       return
     self.bar.n = step
     keys = ("loss", "val_loss", "lr", "grad_norm", "tokens_per_s", "mfu")
@@ -133,12 +133,16 @@ class MetricsLogger:
   def print(self, message: str) -> None:
     if not self.enabled:
       return
-    self.bar.write(message)
+    if self.bar is None:
+      print(message, flush=True)
+    else:
+      self.bar.write(message)
 
   def close(self) -> None:
     if not self.enabled:
       return
-    self.bar.close()
+    if self.bar is not None:
+      self.bar.close()
     self.tb.close()
     self.jsonl.close()
 

@@ -7,9 +7,8 @@ lr is an input, not a recompile: AdamW's update is -lr_t (m/sqrt(v) + wd p) with
 lr * shape(t) (warmup, then linear decay to final_lr, whose ratio to lr the study keeps), so a
 member at lr * s is the reference optimizer's update scaled by s (Trainer.train_step_fn). A
 member whose loss is not finite stops updating (its state is held) and is reported in
-`finite`; the others go on.
-
-This is the step only: nothing drives it from study.py yet.
+`finite`; the others go on. A member that is no longer `active` (failed, or finished at its
+accuracy level) is held too. population_loop.py drives it.
 """
 from __future__ import annotations
 
@@ -33,6 +32,7 @@ class Population:
     # nnx.Rngs(seed) keys from jax.random.key(seed): the same key from a traced seed
     self._init = jax.jit(jax.vmap(lambda seed: trainer.init_fn(jax.random.key(seed))))
     self._step = jax.jit(jax.vmap(self._member_step), donate_argnums=0)
+    self._active = jnp.ones(len(seeds), bool)
 
   @property
   def size(self) -> int:
@@ -43,14 +43,17 @@ class Population:
     with self.trainer.context():
       return self._init(self.seeds)
 
-  def _member_step(self, state: State, batch: Batch, lr_scale: jax.Array):
+  def _member_step(self, state: State, batch: Batch, lr_scale: jax.Array, active: jax.Array):
     stepped, metrics = self.trainer.train_step_fn(state, batch, lr_scale)
     finite = jnp.isfinite(metrics["loss"])
     # a member whose loss is not finite stops updating; the others are not affected
-    new_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), stepped, state)
+    keep = finite & active
+    new_state = jax.tree.map(lambda new, old: jnp.where(keep, new, old), stepped, state)
     return new_state, dict(metrics, finite=finite)
 
-  def train_step(self, state: State, batches: Batch) -> tuple[State, dict]:
-    """One step of every member on its own batch ([P, B, T] leaves); metrics are [P]."""
+  def train_step(self, state: State, batches: Batch, active=None) -> tuple[State, dict]:
+    """One step of every member on its own batch ([P, B, T] leaves); metrics are [P]. Members
+    where `active` ([P] bool, default all) is False keep their state."""
+    active = self._active if active is None else jnp.asarray(active, bool)
     with self.trainer.context():
-      return self._step(state, batches, self.lr_scales)
+      return self._step(state, batches, self.lr_scales, active)

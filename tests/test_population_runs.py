@@ -1,0 +1,122 @@
+"""Population training end to end (training/population_loop.py, train.py --population): each
+member writes the run its standalone train.py writes (losses, evaluations, checkpoints,
+summary), a diverging member is named and the others finish, and a killed population resumes
+exactly."""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from diff_transformer.runs.folder import RunFolder
+from tests.helpers.runs import (ROOT, STEPS, env, logged_step, losses, tiny_flags, train_here,
+                                val_losses, wait_for)
+
+DEFAULT_FINAL_RATIO = 2e-4 / 3e-3  # configs/default.py's final_lr over tiny_flags' lr
+# (name, seed, lr): the reference run's own member, another seed at another lr, a third lr, and
+# one whose lr makes it diverge at once.
+MEMBERS = (("ref", 0, 3e-3), ("s1", 1, 4.5e-3), ("slow", 0, 1.5e-3), ("nan", 0, 1e30))
+
+
+def _overrides(seed: int, lr: float) -> dict:
+  return {"train.seed": seed, "data.seed": seed, "train.lr": lr,
+          "train.final_lr": lr * DEFAULT_FINAL_RATIO}
+
+
+def _members_file(corpus: Path, root: Path) -> Path:
+  listing = dict(name="tiny", members=[
+      dict(point=name, args=[f"--config={ROOT / 'configs/default.py'}",
+                             f"--workdir={root / name}",
+                             *tiny_flags(corpus, **_overrides(seed, lr))])
+      for name, seed, lr in MEMBERS])
+  root.mkdir(parents=True, exist_ok=True)
+  path = root / "tiny.json"
+  path.write_text(json.dumps(listing))
+  return path
+
+
+def _train_population(path: Path) -> subprocess.Popen:
+  return subprocess.Popen(["python", str(ROOT / "train.py"), f"--population={path}"], cwd=ROOT,
+                          env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.fixture(scope="module")
+def population(corpus, tmp_path_factory) -> Path:
+  """An uninterrupted population of MEMBERS (its members' folders under the returned root)."""
+  root = tmp_path_factory.mktemp("population")
+  proc = _train_population(_members_file(corpus, root))
+  out, err = proc.communicate(timeout=600)
+  assert proc.returncode == 1, err[-3000:]  # the diverging member fails the program
+  assert err.strip().splitlines()[-1] == ("error: population: members nan failed; each one's "
+                                          "log says why"), err[-3000:]
+  return root
+
+
+def _assert_close_runs(got: Path, want: Path) -> None:
+  g, w = losses(got), losses(want)
+  assert sorted(g) == sorted(w) == list(range(1, STEPS + 1))
+  np.testing.assert_allclose([g[s][-1] for s in sorted(g)], [w[s][-1] for s in sorted(w)],
+                             rtol=2e-5)
+  gv, wv = val_losses(got), val_losses(want)
+  assert sorted(gv) == sorted(wv)
+  np.testing.assert_allclose(list(gv.values()), list(wv.values()), rtol=2e-5)
+
+
+def test_each_member_is_its_standalone_run(population, corpus, reference, tmp_path):
+  """Two seeds, three lrs: every member's loss curve, validation losses, checkpoints and
+  summary are its standalone run's, to float32 reduction-order differences."""
+  _assert_close_runs(population / "ref", reference)
+  for name, seed, lr in MEMBERS[1:3]:
+    alone = tmp_path / name
+    train_here(alone, corpus, **_overrides(seed, lr))
+    _assert_close_runs(population / name, alone)
+    member, standalone = RunFolder(population / name), RunFolder(alone)
+    assert member.checkpoint_steps() == standalone.checkpoint_steps() == [6, 9, 10]
+    got, want = member.read_summary(), standalone.read_summary()
+    assert got["population"] == dict(name="tiny", member=MEMBERS.index((name, seed, lr)),
+                                     members=len(MEMBERS))
+    assert set(got) - set(want) == {"population"}
+    assert json.loads(member.config.read_text()) == json.loads(standalone.config.read_text())
+
+
+def test_a_diverging_member_is_named_and_the_others_finish(population):
+  failed = RunFolder(population / "nan")
+  assert failed.read_summary() is None  # not a finished run: a study records it as failed
+  last = failed.log.read_text().strip().splitlines()[-1]
+  assert last.startswith("error: step ") and "is not finite" in last, last
+  assert all(RunFolder(population / name).read_summary() for name, *_ in MEMBERS[:3])
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGKILL"])
+def test_a_killed_population_resumes_exactly(population, corpus, tmp_path, sig):
+  """Stopped mid-run (SIGTERM saves every member; SIGKILL leaves the newest common
+  checkpoint), the rerun continues every member bit for bit."""
+  root = tmp_path / "killed"
+  path = _members_file(corpus, root)
+  proc = _train_population(path)
+  try:
+    if sig == "SIGTERM":
+      wait_for(lambda: logged_step(root / "ref") >= 4, proc)
+    else:
+      wait_for(lambda: all(RunFolder(root / n).checkpoint_steps() for n, *_ in MEMBERS[:3]) and
+               logged_step(root / "ref") >= 7, proc)
+    proc.send_signal(getattr(signal, sig))
+    proc.communicate(timeout=120)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+  assert logged_step(root / "ref") < STEPS
+  rerun = _train_population(path)
+  out, err = rerun.communicate(timeout=600)
+  assert rerun.returncode == 1, err[-3000:]
+  assert "Resumed the population of 4 from checkpoint step" in out, out[-2000:]
+  for name, *_ in MEMBERS[:3]:
+    got, want = losses(root / name), losses(population / name)
+    assert sorted(got) == sorted(want)
+    for step, values in got.items():
+      assert all(v == want[step][0] for v in values), (name, step, values, want[step])
+    assert val_losses(root / name) == val_losses(population / name)
