@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import math
 from pathlib import Path
 
@@ -34,32 +33,16 @@ from diff_transformer.runs import record as run_record
 from diff_transformer.runs.checkpoint import Checkpointer
 from diff_transformer.runs.folder import RunFolder
 from diff_transformer.runs.lock import WorkdirLock, prepare_workdir
-from diff_transformer.training import validation
 from diff_transformer.training.guard import DivergenceGuard
 from diff_transformer.training.loop import Run, finish, open_data, start_logging
-from diff_transformer.training.metrics import MetricsLogger, RateWindow, expand_layers
 from diff_transformer.training.population import Population
+from diff_transformer.training.population_members import (Member, check_all, evaluate,
+                                                          failed_before, log_rows, member_state,
+                                                          save)
 from diff_transformer.training.step import Trainer
 from diff_transformer.training.stop import StopSignal
 
 MEMBER_KEYS = ("train.seed", "data.seed", "train.lr", "train.final_lr")
-
-
-@dataclasses.dataclass
-class _Member:
-  index: int  # in the members list
-  slot: int | None  # in the program's stacked state (None: failed in an earlier attempt)
-  run: Run
-  guard: DivergenceGuard
-  logger: MetricsLogger | None = None
-  window: RateWindow | None = None
-  summary: dict = dataclasses.field(default_factory=dict)
-  failed: str | None = None
-  finished: bool = False
-
-  @property
-  def training(self) -> bool:
-    return self.failed is None and not self.finished
 
 
 def check_members(configs: list[ml_collections.ConfigDict]) -> list[float]:
@@ -126,8 +109,8 @@ def _open(configs, workdirs, scales, name: str):
     checkpointer = Checkpointer(workdir, config.train)
     run = Run(config, workdir, dataset, mesh, trainer, iterator, checkpointer, None, 0,
               resumed=False, batch_change=batch_change, code_change=None)
-    member = _Member(i, None, run, DivergenceGuard(checkpointer, config.train.max_loss_spike))
-    member.failed = _failed_before(workdir)
+    member = Member(i, None, run, DivergenceGuard(checkpointer, config.train.max_loss_spike))
+    member.failed = failed_before(workdir)
     members.append(member)
   live = [m for m in members if m.failed is None]
   if not live:
@@ -162,37 +145,6 @@ def _open(configs, workdirs, scales, name: str):
   if start:
     print(f"Resumed the population of {len(members)} from checkpoint step {start}", flush=True)
   return members, population, state
-
-
-def _member(state, slot: int):
-  return jax.tree.map(lambda x: x[slot], state)
-
-
-def _failed_before(workdir: Path) -> str | None:
-  """The error of a member that failed in an earlier attempt (its last metrics row says so): a
-  rerun does not train it again (it would diverge again, identically); the others resume."""
-  rows = RunFolder(workdir).metric_rows()
-  return rows[-1]["error"] if rows and rows[-1].get("kind") == "failed" else None
-
-
-def _fail(m: _Member, step: int, error: Exception) -> None:
-  """The member stops training; its error goes to its metrics log (a rerun reads it there) and
-  its log (the line a study records)."""
-  m.failed = str(error)
-  m.logger.write(step, dict(error=m.failed), kind="failed")
-  with open(RunFolder(m.run.workdir).log, "a") as log:
-    log.write(f"error: {m.failed}\n")
-  print(f"member {m.index} ({m.run.workdir.name}) failed: {m.failed}", flush=True)
-
-
-def _check(m: _Member, step: int, values: dict) -> None:
-  """The divergence guard on the member's step metrics (a member held as not finite fails)."""
-  if not m.training:
-    return
-  try:
-    m.guard.check_step(step, values)
-  except TrainError as e:
-    _fail(m, step, e)
 
 
 def _train(configs, workdirs, scales, name: str) -> list[dict]:
@@ -231,12 +183,11 @@ def _train(configs, workdirs, scales, name: str) -> list[dict]:
   return out
 
 
-def _steps(members: list[_Member], population: Population, state, start: int, t, stop,
+def _steps(members: list[Member], population: Population, state, start: int, t, stop,
            bar) -> str | None:
   """The population's step loop: the standalone loop's schedule of logs, evaluations and saves,
   each member checked, evaluated and saved on its own."""
   step, pending = start, None
-  trainer = population.trainer
   while step < t.steps and any(m.training for m in members):
     local = [next(m.run.iterator) for m in members]
     batches = jax.device_put(jax.tree.map(lambda *xs: np.stack(xs), *local))
@@ -246,27 +197,27 @@ def _steps(members: list[_Member], population: Population, state, start: int, t,
     for m in members:
       m.window.step()
     if pending is not None:  # one step late, so dispatch stays asynchronous
-      _check_all(members, *pending)
+      check_all(members, *pending)
     pending = (step, metrics)
     last = step == t.steps
     if step % t.log_every == 0 or last or step == start + 1:
-      _check_all(members, *pending)
+      check_all(members, *pending)
       pending = None
-      _log(members, step, jax.device_get(metrics))
+      log_rows(members, step, jax.device_get(metrics))
       bar.n = step
       bar.refresh()
     if step % t.eval_every == 0 or last:
       for m in members:
         if m.training:
-          _evaluate(m, _member(state, m.slot), step)
+          evaluate(m, member_state(state, m.slot), step)
     stopping = stop.agreed(True)
     if stopping or last or step % t.checkpoint_every == 0:
       if pending is not None:  # never save a NaN state
-        _check_all(members, *pending)
+        check_all(members, *pending)
         pending = None
       for m in members:
         if m.training or (m.finished and m.summary.get("step") == step):
-          _save(m, _member(state, m.slot), _member(batches, m.slot), step)
+          save(m, member_state(state, m.slot), member_state(batches, m.slot), step)
     if stopping:
       print(f"{stop.requested}: saved checkpoint step {step} of every member; exiting",
             flush=True)
@@ -277,46 +228,3 @@ def _steps(members: list[_Member], population: Population, state, start: int, t,
   return None
 
 
-def _check_all(members: list[_Member], step: int, metrics) -> None:
-  values = jax.device_get(dict(loss=metrics["loss"], grad_norm=metrics["grad_norm"]))
-  for m in members:
-    _check(m, step, {k: v[m.slot] for k, v in values.items()})
-
-
-def _log(members: list[_Member], step: int, values: dict) -> None:
-  """Each training member's row, as its standalone run logs it."""
-  for m in members:
-    if not m.training:
-      continue
-    row = {k: v[m.slot] for k, v in values.items() if k not in ("layers", "finite")}
-    for layer_name, per_layer in values["layers"].items():
-      row |= expand_layers(layer_name, per_layer[m.slot])
-    rates = m.window.measure()
-    row |= dict(perplexity=math.exp(min(float(row["loss"]), 80.0)), **rates)
-    m.logger.write(step, row)
-    m.summary.update(step=step, loss=float(row["loss"]), **rates)
-    m.window.reset()
-
-
-def _evaluate(m: _Member, state, step: int) -> None:
-  run = m.run
-  val = validation.metrics(run.trainer, state, run.dataset, run.config, run.mesh)
-  m.logger.write(step, val, kind="val")
-  m.summary.update(val, step=step)
-  m.window.reset()
-  level = run.config.train.stop_at_val_accuracy
-  if level and val["val_accuracy"] >= level:
-    m.summary["stopped_at_level"] = True
-    m.finished = True  # saved at this step, summary written at the end
-
-
-def _save(m: _Member, state, batch, step: int) -> None:
-  run = m.run
-  try:
-    m.guard.check_state(step, validation.state_loss(run.trainer, state, batch,
-                                                    run.config.train.micro_batches))
-  except TrainError as e:
-    _fail(m, step, e)
-    return
-  run.checkpointer.save(step, state, run.iterator)
-  m.window.reset()
