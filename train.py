@@ -20,6 +20,7 @@ cli.default_platform()
 from absl import flags  # noqa: E402
 
 from diff_transformer import params  # noqa: E402
+from diff_transformer.errors import ConfigError, read_json  # noqa: E402
 from diff_transformer.model.spec import ModelSpec  # noqa: E402
 
 cli.define_config()
@@ -48,9 +49,9 @@ def dry_run(config) -> dict:
 def population(path: str) -> None:
   """The members of a members file trained as one program; exit status 1 names the members
   that failed (each one's log says why), the others are finished runs."""
-  from diff_transformer.errors import ConfigError, read_json
   listing = read_json(Path(path), ConfigError)
   members = [cli.config_from_args(m["args"]) for m in listing["members"]]
+  # orbax, grain and the trainer load only to train (as in main)
   from diff_transformer.training.population_loop import train_population
   summaries = train_population([c for c, _ in members], [w for _, w in members],
                                name=listing.get("name", Path(path).stem))
