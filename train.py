@@ -60,7 +60,8 @@ def population(path: str) -> None:
   if stopped:
     print(f"Stopped by {stopped}; run the same command to resume.", flush=True)
   if failed:
-    cli.exit_with(f"error: population: members {', '.join(failed)} failed; each one's log says why", 1)
+    cli.exit_with(f"error: population: members {', '.join(failed)} failed; each one's log "
+                  "says why", 1)
 
 
 def main(argv):

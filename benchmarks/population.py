@@ -6,8 +6,9 @@ studies' settings.
     python benchmarks/population.py --quick                      # tiny shapes, a smoke run
 
 Per setting and size: compile seconds, member-steps/s (median [min-max] over rounds, each round
-`--steps` steps of all members), and that rate over the standalone step's, timed in the same
-run. Writes benchmarks/results/population.json (or --out). A ratio above 1 means a population
+`--steps` steps of all members), that rate over the standalone step's, timed in the same run,
+and runs per hour: members x 3600 s over one program's compile plus the setting's train.steps
+at that rate (training steps only: evaluation and start-up are left out, alike for both). Writes benchmarks/results/population.json (or --out). A ratio above 1 means a population
 trains more runs per hour than one process per run on this device.
 """
 from __future__ import annotations
@@ -52,13 +53,22 @@ def _timed(step, state, batch, steps: int, rounds: int):
   return first, per_step
 
 
+def runs_per_hour(members: int, compile_s: float, member_steps_per_s: float,
+                  train_steps: int) -> float:
+  """Runs one program of `members` finishes per hour: its compile plus train_steps steps."""
+  return members * 3600.0 / (compile_s + train_steps * members / member_steps_per_s)
+
+
 def measure(config, sizes: list[int], steps: int, rounds: int) -> list[dict]:
   trainer = Trainer(config, make_mesh(config.mesh))
   batch = synthetic_batch(config.train.global_batch_size, config.data.seq_len,
                           config.model.vocab_size)
   first, alone = _timed(trainer.train_step, trainer.init(0), batch, steps, rounds)
+  rate = spread([1 / t for t in alone])
+  total = int(config.train.steps)
   rows = [dict(members=1, program="standalone", compile_and_first_step_s=first,
-               member_steps_per_s=spread([1 / t for t in alone]), vs_standalone=1.0)]
+               member_steps_per_s=rate, vs_standalone=1.0,
+               runs_per_hour=runs_per_hour(1, first, rate["median"], total))]
   for size in sizes:
     population = Population(trainer, list(range(size)), [1.0] * size)
     stacked = {k: np.stack([v] * size) for k, v in batch.items()}
@@ -66,9 +76,12 @@ def measure(config, sizes: list[int], steps: int, rounds: int) -> list[dict]:
     rate = spread([size / t for t in times])
     rows.append(dict(members=size, program="population", compile_and_first_step_s=first,
                      member_steps_per_s=rate,
-                     vs_standalone=rate["median"] / rows[0]["member_steps_per_s"]["median"]))
+                     vs_standalone=rate["median"] / rows[0]["member_steps_per_s"]["median"],
+                     runs_per_hour=runs_per_hour(size, first, rate["median"], total)))
     print(f"  {size} members: {rate['median']:.2f} member-steps/s "
-          f"({rows[-1]['vs_standalone']:.2f}x standalone), first step {first:.1f} s", flush=True)
+          f"({rows[-1]['vs_standalone']:.2f}x standalone), first step {first:.1f} s, "
+          f"{rows[-1]['runs_per_hour']:.1f} runs/h (standalone {rows[0]['runs_per_hour']:.1f})",
+          flush=True)
   return rows
 
 
@@ -96,6 +109,7 @@ def main() -> None:
     result["settings"][name] = dict(d_model=config.model.d_model,
                                     batch=config.train.global_batch_size,
                                     seq_len=config.data.seq_len,
+                                    train_steps=config.train.steps,
                                     rows=measure(config, sizes, args.steps, args.rounds))
   write_atomic(Path(args.out), json.dumps(result, indent=1) + "\n")
   print(f"wrote {args.out}")

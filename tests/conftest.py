@@ -42,7 +42,8 @@ def pytest_addoption(parser):
 # the MQAR run with --run-long) for last beside an idle worker. The order changes only the wall
 # time; modules not named follow in file order.
 LONGEST_FIRST = (
-    "test_driver_faults.py", "test_study.py", "test_synthetic_learning.py",
+    "test_driver_faults.py", "test_study.py", "test_population_runs.py",
+    "test_synthetic_learning.py",
     "test_training_sharding.py", "test_lm_eval.py", "test_packaging.py",
     "test_eval_cli.py", "test_gpu_check.py", "test_hf_export.py", "test_training_runs.py", "test_training_learning.py",
     "test_pallas_kernel.py", "test_reliability.py", "test_pallas_model.py", "test_sweep_resume.py",

@@ -143,7 +143,7 @@ def _open(configs, workdirs, scales, name: str):
       log.write(f"member {m.index} of {name} ({len(members)} members, one program); its "
                 f"output is the population's log\n")
   if start:
-    print(f"Resumed the population of {len(members)} from checkpoint step {start}", flush=True)
+    print(f"Resumed {len(live)} training members from checkpoint step {start}", flush=True)
   return members, population, state
 
 
