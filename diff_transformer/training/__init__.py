@@ -1,7 +1,9 @@
 """Training: mesh and multi-host set-up, optimizer, jitted steps, metrics, the loop.
 
-Entry point: `train(config, workdir)` (what train.py runs). A saved run (its folder, record,
-lock, checkpoints, restored model) is `diff_transformer.runs`.
+Entry points: `train(config, workdir)` (what train.py runs) and
+`population_loop.train_population(configs, workdirs)` (train.py --population: several runs of
+one cell in one program). A saved run (its folder, record, lock, checkpoints, restored model) is
+`diff_transformer.runs`.
 """
 from diff_transformer.errors import TrainError
 from diff_transformer.training.loop import train
