@@ -381,3 +381,23 @@ def test_the_table6_study_names_its_cells_pairs_and_lrs():
     assert setting(table6.get_config(point)) == setting(lm.get_config(point)), point
   m = table6.get_config("transformer@2x64norm-s0").model
   assert (m.num_heads, m.head_dim, m.head_norm, m.variant) == (2, 64, True, "transformer")
+
+
+def test_a_size_contrast_compares_the_gap_at_one_size_with_the_gap_at_another():
+  """`loss@512-128` per seed is the loss at 512 minus at 128; a pair's a - b of it is the gap at
+  512 minus the gap at 128, tested as one more metric (here the primary)."""
+  study = dataclasses.replace(retrieval(), variants=("transformer", "diff"), seeds=(0, 1, 2),
+                              sizes=("128", "512"), size_contrasts=(("512", "128"),),
+                              primary="final_loss@512-128", secondary=())
+  rng = np.random.default_rng(0)
+  loss = {(v, z, s): float(rng.normal(2.0, 0.1)) for v in study.variants for z in study.sizes
+          for s in study.seeds}
+  runs = [dict(variant=v, size=z, seed=s, final_loss=x) for (v, z, s), x in loss.items()]
+  runs = [r for r in runs if (r["variant"], r["size"], r["seed"]) != ("diff", "512", 2)]
+  got = study_json.compare(study, runs)["diff"]["final_loss@512-128"]
+  gaps = [(loss["diff", "512", s] - loss["transformer", "512", s]) -
+          (loss["diff", "128", s] - loss["transformer", "128", s]) for s in (0, 1)]
+  assert got["family"] == "primary" and got["n"] == 2  # seed 2 lacks diff at 512
+  assert got["mean_diff"] == pytest.approx(np.mean(gaps))
+  with pytest.raises(UserError, match=r"size contrast \('512', '256'\) must be two distinct"):
+    dataclasses.replace(study, size_contrasts=(("512", "256"),)).validate(design=False)

@@ -64,6 +64,10 @@ def check(study, design: bool = True) -> None:
   if study.eval_rows <= 0 or study.attention_rows <= 0 or study.ar_hit_context <= 0:
     raise ConfigError(f"study {study.name}: eval_rows, attention_rows and ar_hit_context must "
                       "be positive")
+  for pair in study.size_contrasts:
+    if len(pair) != 2 or pair[0] == pair[1] or not set(pair) <= set(study.sizes):
+      raise ConfigError(f"study {study.name}: size contrast {pair} must be two distinct sizes "
+                        f"among {list(study.sizes)}")
   if study.lr_grid_size and study.lr_grid_size not in study.sizes:
     raise ConfigError(f"study {study.name}: lr_grid_size '{study.lr_grid_size}' is not one of "
                       f"the sizes {list(study.sizes)}")

@@ -77,6 +77,10 @@ class Study:
   published_cells: tuple[tuple[str, float], ...] = ()  # the source's own value per cell
   published_source: str = ""
   sizes: tuple[str, ...] = ()  # model sizes (LM studies); empty: one setting
+  # (hi, lo) sizes: each metric's per-seed change from lo to hi, `<metric>@<hi>-<lo>`, a metric
+  # like any other (it can be the primary): a pair's a - b of it is, seed by seed, the gap at
+  # size hi minus the gap at size lo (does a gap shrink with size?).
+  size_contrasts: tuple[tuple[str, str], ...] = ()
   # The one metric named before the run (its family: one comparison per variant), and the few
   # pre-named secondary metrics (one family, Holm within it). Every other metric is descriptive.
   primary: str = "steps_to_90"

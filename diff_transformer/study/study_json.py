@@ -38,11 +38,19 @@ def metric_values(run: dict) -> dict[str, float]:
   return {f"{k}@{run['size']}" if run["size"] else k: v for k, v in out.items()}
 
 
-def _by_seed(runs: list[dict], variant: str) -> dict[int, dict[str, float]]:
+def _by_seed(runs: list[dict], variant: str, contrasts: tuple[tuple[str, str], ...] = ()
+             ) -> dict[int, dict[str, float]]:
+  """{seed: {metric[@size]: value}} of a variant's runs, plus `<metric>@<hi>-<lo>` = value at
+  size hi - value at size lo for each contrast whose both sizes the seed ran."""
   out: dict[int, dict[str, float]] = {}
   for r in runs:
     if r["variant"] == variant:
       out.setdefault(r["seed"], {}).update(metric_values(r))
+  for values in out.values():
+    for hi, lo in contrasts:
+      values.update({f"{name[:-len(hi) - 1]}@{hi}-{lo}": v - values[f"{name[:-len(hi)]}{lo}"]
+                     for name, v in list(values.items())
+                     if name.endswith(f"@{hi}") and f"{name[:-len(hi)]}{lo}" in values})
   return out
 
 
@@ -92,7 +100,8 @@ def compare(study: Study, runs: list[dict]) -> dict:
   for a, b in study.pairs():
     if a not in ran or b not in ran:
       continue
-    mine, base = _by_seed(runs, a), _by_seed(runs, b)
+    mine, base = (_by_seed(runs, a, study.size_contrasts),
+                  _by_seed(runs, b, study.size_contrasts))
     names = sorted({k for x in list(mine.values()) + list(base.values()) for k in x})
     table = out[study.pair_name(a, b)] = {}
     for m in names:
