@@ -163,7 +163,8 @@ def _run_local(plan: Plan, children: list[Child], status: dict[str, str], *, job
         bar.update()
         alone = len(child.points) == 1
         if (proc.returncode != 0 and alone) or not (alone or finished(plan, point, workdir)):
-          failure = f"failed (exit {proc.returncode}); see {RunFolder(workdir).log}"
+          failure = (f"failed (exit {proc.returncode}); see {RunFolder(workdir).log}" +
+                     ("" if alone else f" and the population's {child.log}"))
           if not keep_going:
             raise LaunchError(f"{plan.name}: point {point} {failure}; rerun to resume it")
           status[point] = failure
