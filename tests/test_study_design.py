@@ -401,3 +401,19 @@ def test_a_size_contrast_compares_the_gap_at_one_size_with_the_gap_at_another():
   assert got["mean_diff"] == pytest.approx(np.mean(gaps))
   with pytest.raises(UserError, match=r"size contrast \('512', '256'\) must be two distinct"):
     dataclasses.replace(study, size_contrasts=(("512", "256"),)).validate(design=False)
+
+
+def test_the_width_study_is_parameter_matched_at_every_width_with_v1s_heads_by_size():
+  from diff_transformer import params
+  from diff_transformer.model.spec import ModelSpec
+  study = cli.load_definition(str(ROOT / "configs/studies/lm_width.py"), "study",
+                              "STUDY").validate()
+  assert study.design()["primary"]["comparisons"] == 2 and study.primary == "loss@512-128"
+  for size in study.sizes:
+    configs = {v: study.get_config(f"{study.cell_name(v, size)}-s0") for v in study.variants}
+    counts = {v: params.count(ModelSpec.from_config(c.model))["params"]
+              for v, c in configs.items()}
+    assert max(counts.values()) / min(counts.values()) < 1.001, (size, counts)
+    v1 = configs["transformer@v1heads"].model
+    assert (v1.num_heads, v1.head_dim) == (configs["diff"].model.num_heads, 64)
+    assert configs["transformer"].model.d_model == int(size)

@@ -30,14 +30,16 @@ D_MODEL, LAYERS, HEAD_DIM, SEQ_LEN = 128, 2, 32, 256
 SHARED_RANK = 16
 
 
-def make(variant: str):
+def make(variant: str, d_model: int = D_MODEL):
+  """The setting at width `d_model` (the study's is D_MODEL; configs/studies/lm_width.py varies
+  it at the same head width)."""
   c = default.get_config()
   d = c.data
   d.tokenizer, d.seq_len = "byte", SEQ_LEN
   m = c.model
-  m.variant, m.d_model, m.num_layers, m.head_dim = "transformer", D_MODEL, LAYERS, HEAD_DIM
-  m.num_heads = heads_for("transformer", D_MODEL, HEAD_DIM)
-  m.ffn_dim = ffn_width(D_MODEL, 64, up=True)
+  m.variant, m.d_model, m.num_layers, m.head_dim = "transformer", d_model, LAYERS, HEAD_DIM
+  m.num_heads = heads_for("transformer", d_model, HEAD_DIM)
+  m.ffn_dim = ffn_width(d_model, 64, up=True)
   m.max_seq_len = SEQ_LEN
   m.vocab_multiple, m.vocab_size = 64, 320  # 257 byte ids padded to 64: parameters match as run
   t = c.train
@@ -45,7 +47,7 @@ def make(variant: str):
   t.lr, t.final_lr = 4e-3, 4e-4
   t.eval_every, t.eval_batches, t.checkpoint_every, t.log_every = 100, 16, 250, 50
   c = matched_variant(c, variant, rank=SHARED_RANK)
-  c.source = (f"LM study: bytes, D={D_MODEL}, L={LAYERS}, d={HEAD_DIM}, T={SEQ_LEN}, "
+  c.source = (f"LM study: bytes, D={d_model}, L={LAYERS}, d={HEAD_DIM}, T={SEQ_LEN}, "
               "parameter-matched")
   return c
 

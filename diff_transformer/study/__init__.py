@@ -2,6 +2,7 @@
 evaluated, with statistics a careful reader can check (floors, censoring, exact paired tests,
 Holm's correction). `study.py` runs one."""
 from diff_transformer.study.definition import PAPER_VARIANTS, Cell, Study
+from diff_transformer.study.overrides import BySize
 from diff_transformer.study.stats import holm, paired, sign_flip_p, summarize
 
-__all__ = ["PAPER_VARIANTS", "Cell", "Study", "holm", "paired", "sign_flip_p", "summarize"]
+__all__ = ["PAPER_VARIANTS", "BySize", "Cell", "Study", "holm", "paired", "sign_flip_p", "summarize"]

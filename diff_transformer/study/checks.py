@@ -8,6 +8,7 @@ from diff_transformer.config import validate
 from diff_transformer.data import synthetic
 from diff_transformer.errors import ConfigError
 from diff_transformer.model.attention import known_variant, variant_names
+from diff_transformer.study.overrides import BySize
 from diff_transformer.study.stats import ALPHA
 
 
@@ -32,6 +33,11 @@ def _cells(study) -> None:
       raise ConfigError(f"study {study.name}: derived cell '{cell.name}' trains at the lr of "
                         f"'{source}', which is not compared here; add it "
                         "to the variants or give the cell own_lr=True")
+    for key, value in cell.overrides:
+      if isinstance(value, BySize) and sorted(dict(value.values)) != sorted(study.sizes):
+        raise ConfigError(f"study {study.name}: derived cell '{cell.name}': {key} gives values "
+                          f"for sizes {sorted(dict(value.values))}, the study has "
+                          f"{sorted(study.sizes)}")
   for pair in study.comparisons:
     if len(pair) != 2 or pair[0] == pair[1] or not set(pair) <= set(study.variants):
       raise ConfigError(f"study {study.name}: comparison {pair} must be two distinct names "

@@ -31,7 +31,7 @@ from diff_transformer.data import synthetic
 from diff_transformer.errors import ConfigError
 from diff_transformer.model.attention import PAPER_VARIANTS
 from diff_transformer.study import checks
-from diff_transformer.study.overrides import at_lr, number, parse_set, set_key
+from diff_transformer.study.overrides import BySize, at_lr, number, parse_set, set_key
 from diff_transformer.study.stats import ALPHA, seeds_needed, smallest_holm_p
 
 BASELINE = "transformer"
@@ -214,7 +214,7 @@ class Study:
     root = self.root_variant(p.variant)
     config = self.make(root, p.size) if self.sizes else self.make(root)
     for key, value in self.cell_overrides(p.variant) + self.overrides:
-      set_key(config, key, value)
+      set_key(config, key, value.at(p.size) if isinstance(value, BySize) else value)
     t = config.train
     if p.lr is not None:
       at_lr(t, p.lr)

@@ -1,12 +1,23 @@
 """A study's point names and overrides as text: `<variant>-lr<lr>-s<seed>` numbers, `--set
-key=value` pairs, and setting a dotted config key (study/definition.py uses them)."""
+key=value` pairs, setting a dotted config key, and override values by size (study/definition.py
+uses them)."""
 from __future__ import annotations
 
 import ast
+from typing import NamedTuple
 
 import ml_collections
 
 from diff_transformer.errors import ConfigError
+
+
+class BySize(NamedTuple):
+  """A derived cell's override value that depends on the study's size, e.g. a head count at a
+  fixed head width: BySize((("128", 2), ("256", 4), ("512", 8)))."""
+  values: tuple[tuple[str, object], ...]
+
+  def at(self, size: str):
+    return dict(self.values)[size]
 
 
 def at_lr(train: ml_collections.ConfigDict, lr: float) -> None:

@@ -14,6 +14,7 @@ from diff_transformer.data import synthetic
 from diff_transformer.evaluation import floors
 from diff_transformer.paths import write_atomic
 from diff_transformer.study.definition import BASELINE, Study
+from diff_transformer.study.overrides import BySize
 from diff_transformer.study.stats import (censored_median, holm, min_p, paired, paired_censored,
                                           summarize)
 
@@ -130,7 +131,8 @@ def cells_info(study: Study, runs: list[dict], grid: dict) -> dict:
     cell = study.derived_cell(v)
     params = sorted({r["params"] for r in runs if r["variant"] == v and "params" in r})
     out[v] = dict(parent=cell.parent if cell else None,
-                  overrides=dict(cell.overrides) if cell else {},
+                  overrides={k: dict(x.values) if isinstance(x, BySize) else x
+                             for k, x in cell.overrides} if cell else {},
                   lr_from=study.lr_source(v),
                   lr=(grid.get("chosen") or {}).get(study.lr_source(v)), params=params,
                   published=published.get(v))
@@ -147,6 +149,11 @@ def build(study: Study, runs: list[dict], grid: dict, missing: list[str],
     metrics = sorted({k for row in rows for k in row})
     summary[v] = {m: summarize([row.get(m, math.nan) for row in rows]) for m in metrics}
     summary[v].update(censoring(runs, v))
+    if study.size_contrasts:  # per seed, across its runs' sizes
+      ends = tuple(f"@{hi}-{lo}" for hi, lo in study.size_contrasts)
+      seeds = list(_by_seed(runs, v, study.size_contrasts).values())
+      summary[v].update({m: summarize([row.get(m, math.nan) for row in seeds])
+                         for m in sorted({k for row in seeds for k in row if k.endswith(ends)})})
   config = study.get_config(study.points()[0])
   info = dict(name=study.name, description=study.description, scope=study.scope,
               variants=list(study.variants),
