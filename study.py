@@ -29,7 +29,7 @@ cli.default_platform()
 from absl import flags, logging  # noqa: E402
 
 from diff_transformer.errors import ConfigError  # noqa: E402
-from diff_transformer.study import markdown, runner, study_json  # noqa: E402
+from diff_transformer.study import invocations, markdown, runner, study_json  # noqa: E402
 from diff_transformer import launch  # noqa: E402
 
 flags.DEFINE_string("study", "configs/studies/retrieval.py", "Study file (defines STUDY).")
@@ -98,8 +98,8 @@ def main(argv):
     runs = runner.collect(study, results, grid)
     missing = [p for p in study.points() if p not in {r["point"] for r in runs}]
     ran = sum(s.startswith("ran") for s in status.values())
-    origin = study_json.provenance(results, command(), time.perf_counter() - start, ran,
-                               rebuild=FLAGS.report_only)
+    origin = invocations.provenance(results, command(), time.perf_counter() - start, ran,
+                                    rebuild=FLAGS.report_only)
     result = study_json.build(study, runs, grid, missing, origin)
     study_json.write_json(result, results)
     path = markdown.write(result, results)

@@ -16,7 +16,8 @@ import pytest
 from diff_transformer import cli
 from diff_transformer.errors import UserError, message_lines
 from diff_transformer.params import heads_for
-from diff_transformer.study import markdown, paired, run_metrics, runner, study_json, summarize
+from diff_transformer.study import (invocations, markdown, paired, run_metrics, runner,
+                                    study_json, summarize)
 from diff_transformer.study.definition import Study
 from diff_transformer.study.stats import censored_median, holm, min_p, sign_flip_p
 from tests.helpers.studies import CELLS_STUDY, TINY_STUDY
@@ -206,7 +207,7 @@ def test_quick_study_runs_end_to_end_and_resumes(tmp_path):
   # Each invocation's time is kept (4 runs + 4 grid runs trained by the first), and a resumed
   # study's report lists them all.
   assert [c["trained"] for c in data["study"]["invocations"]] == [8]
-  data["study"]["invocations"] = study_json.record_invocation(root, "rerun", 0.5, 0)
+  data["study"]["invocations"] = invocations.record_invocation(root, "rerun", 0.5, 0)
   assert [c["trained"] for c in data["study"]["invocations"]] == [8, 3, 0]  # + the retrain
   assert "Invocations on this root, in order: " in markdown.write(data, tmp_path).read_text()
 

@@ -16,7 +16,7 @@ from configs import synthetic as synthetic_configs
 from diff_transformer import cli, launch, paths, provenance
 from diff_transformer.runs import folder as run_folder
 from diff_transformer.errors import UserError
-from diff_transformer.study import records
+from diff_transformer.study import invocations, records
 from diff_transformer.runs.record import setting
 from diff_transformer.interop.export import export_run
 from diff_transformer.runs.lock import WorkdirLock
@@ -217,7 +217,7 @@ def test_committed_studies_rebuild_from_their_records_unchanged(tmp_path, name):
   status, grid = runner.run(study, "", tmp_path / "root", results, train=False)
   assert set(status.values()) == {"recorded"}, status
   runs = runner.collect(study, results, grid)
-  origin = study_json.provenance(results, "python study.py --report_only", 0.0, 0, rebuild=True)
+  origin = invocations.provenance(results, "python study.py --report_only", 0.0, 0, rebuild=True)
   result = study_json.build(study, runs, grid, [], origin)
   study_json.write_json(result, results)
   markdown.write(result, results)

@@ -1,13 +1,11 @@
 """study.json of a study's collected runs: per-variant summaries, floors, censoring, the design,
 the paired comparisons (primary and pre-named secondary families Holm-corrected, the rest
-descriptive) and the code versions (report.md and plots: study/markdown.py)."""
+descriptive) and the code versions (report.md and plots: study/markdown.py; where the runs
+came from: study/invocations.py)."""
 from __future__ import annotations
 
 import json
 import math
-import os
-import platform
-import time
 from pathlib import Path
 
 from diff_transformer.data import synthetic
@@ -212,75 +210,6 @@ def strict(x):
   return x
 
 
-def provenance(root: Path, command: str, seconds: float, trained: int, rebuild: bool) -> dict:
-  """What study.json says about where its runs come from. An invocation that may train appends
-  itself to <root>/invocations.jsonl and names this machine; a rebuild from the records
-  (--report_only) changes neither: it keeps the command, wall time and machine of the study.json
-  it replaces and names itself apart, under `rebuilt`."""
-  if not rebuild:
-    calls = record_invocation(root, command, seconds, trained)
-    return dict(command=calls[-1]["command"], wall_seconds=calls[-1]["wall_seconds"],
-                invocations=calls, machine=this_machine())
-  calls = read_invocations(root)
-  before = _previous_study(root)
-  last = calls[-1] if calls else dict(command="not recorded", wall_seconds=0.0)
-  return dict(command=before.get("command", last["command"]),
-              wall_seconds=before.get("wall_seconds", last["wall_seconds"]), invocations=calls,
-              machine=before.get("machine", "not recorded"),
-              rebuilt=dict(command=command, machine=this_machine(),
-                           time=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())))
-
-
-def this_machine() -> str:
-  return f"{platform.machine()}, {_cpu_name()}, {_cores()} cores"
-
-
-def _previous_study(root: Path) -> dict:
-  try:
-    study = json.loads((root / "study.json").read_text())["study"]
-    return study if isinstance(study, dict) else {}
-  except (OSError, ValueError, KeyError, TypeError):
-    return {}
-
-
-def read_invocations(root: Path) -> list[dict]:
-  """The invocations recorded on this root, oldest first (damaged lines are skipped)."""
-  path = root / "invocations.jsonl"
-  calls = []
-  for line in (path.read_text(errors="replace").splitlines() if path.is_file() else []):
-    try:
-      call = json.loads(line)
-    except ValueError:
-      continue
-    if isinstance(call, dict) and {"command", "wall_seconds", "trained"} <= set(call):
-      calls.append(call)
-  return calls
-
-
-def record_invocation(root: Path, command: str, seconds: float, trained: int) -> list[dict]:
-  """Adds this invocation to <root>/invocations.jsonl (rewritten whole, atomically) and returns
-  them all: a study resumed over several invocations reports the time each took."""
-  root.mkdir(parents=True, exist_ok=True)
-  calls = read_invocations(root) + [dict(command=command, wall_seconds=round(seconds, 1),
-                                         trained=trained, finished=round(time.time()))]
-  write_atomic(root / "invocations.jsonl", "".join(json.dumps(c) + "\n" for c in calls))
-  return calls
-
-
 def write_json(result: dict, root: Path) -> Path:
   root.mkdir(parents=True, exist_ok=True)
   return write_atomic(root / "study.json", json.dumps(strict(result), indent=1) + "\n")
-
-
-def _cpu_name() -> str:
-  try:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-      if line.startswith("model name"):
-        return line.split(":", 1)[1].strip()
-  except OSError:
-    pass
-  return platform.processor() or "unknown CPU"
-
-
-def _cores() -> int:
-  return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
