@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -40,8 +41,9 @@ def _members_file(corpus: Path, root: Path) -> Path:
 
 
 def _train_population(path: Path) -> subprocess.Popen:
-  return subprocess.Popen(["python", str(ROOT / "train.py"), f"--population={path}"], cwd=ROOT,
-                          env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  return subprocess.Popen([sys.executable, str(ROOT / "train.py"), f"--population={path}"],
+                          cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True)
 
 
 @pytest.fixture(scope="module")
