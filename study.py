@@ -48,7 +48,7 @@ flags.DEFINE_integer("jobs", 2, "Training children at once, each on its own CPU 
 flags.DEFINE_string("population", "auto", "Members per training program: N trains a cell's "
                     "seeds (a grid cell's lrs on one grid seed) in programs of up to N members "
                     "(train.py --population); 1: one train.py per run; auto: "
-                    "study/runner.py default_population, by platform.")
+                    "study/runner.py AUTO_POPULATION, by platform.")
 flags.DEFINE_bool("report_only", False, "Train nothing: write study.json and the report from "
                   "the run records in --results (e.g. committed ones).")
 flags.DEFINE_bool("retrain_changed", False, "Train anew the points whose workdir was trained "

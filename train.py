@@ -17,7 +17,7 @@ from diff_transformer import cli
 
 cli.default_platform()
 
-from absl import flags  # noqa: E402
+from absl import flags, logging  # noqa: E402
 
 from diff_transformer import params  # noqa: E402
 from diff_transformer.errors import ConfigError, read_json  # noqa: E402
@@ -66,17 +66,14 @@ def population(path: str) -> None:
 
 def main(argv):
   del argv
+  logging.set_verbosity(logging.WARNING)  # orbax logs every save step at INFO
   if FLAGS.population:
-    from absl import logging
-    logging.set_verbosity(logging.WARNING)
     population(FLAGS.population)
     return
   config = cli.load_config()
   if FLAGS.dry_run:
     dry_run(config)
     return
-  from absl import logging
-  logging.set_verbosity(logging.WARNING)  # orbax logs every save step at INFO
   # orbax, grain and the trainer load only to train (a --dry_run counts without them)
   from diff_transformer.training import initialize_distributed, train
   initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)

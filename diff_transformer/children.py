@@ -86,7 +86,6 @@ def cores_for(jobs: int) -> list[int | None]:
   return sorted(os.sched_getaffinity(0))[:jobs]
 
 
-
 @dataclasses.dataclass
 class Child:
   """One train.py: a point alone, or the members of a population (`train.py --population`)."""
@@ -96,7 +95,7 @@ class Child:
 
 
 def plan_children(todo: list[tuple[str, str]], groups: list[list[str]], root: str,
-              make_command: Callable[[str, str], list[str]], python: str) -> list[Child]:
+                  make_command: Callable[[str, str], list[str]], python: str) -> list[Child]:
   """A child per point, except a population child per group of two or more unfinished points:
   its members file (<root>/populations/<first point>+<n-1>.json) lists each member's train.py
   arguments, which are exactly the ones it would run with alone."""

@@ -70,10 +70,7 @@ STUDY = Study(
                       "without GroupNorm / lambda_init 0.8 / 0.5 are 3.087 / 3.088 / 3.086 / "
                       "3.062 / 3.122 / 3.065 / 3.066"),
     primary="loss",
-    lr_grid=lm.STUDY.lr_grid,
-    ar_hit_context=lm.STUDY.ar_hit_context,
-    quick_seeds=(0, 1),
-    quick_overrides=lm.STUDY.quick_overrides,
+    **lm.SETTING_OPTIONS,
     scope=("Table 6 compares 1.4B-parameter models after 10B tokens, in nats per BPE token; "
            "this study trains 0.5M-parameter models on 4.1M bytes, in nats per byte, so it can "
            "say which of its own differences agree in sign with the paper's, not whether the "

@@ -44,10 +44,7 @@ STUDY = Study(
     comparisons=(("diff", "transformer"), ("diff_v2", "transformer")),
     size_contrasts=(("512", "128"),),
     primary="loss@512-128",
-    lr_grid=lm.STUDY.lr_grid,
-    ar_hit_context=lm.STUDY.ar_hit_context,
-    quick_seeds=(0, 1),
-    quick_overrides=lm.STUDY.quick_overrides,
+    **lm.SETTING_OPTIONS,
     scope=("the papers compare 830M-13B-parameter models on billions of tokens; this study "
            "trains 0.5-6M-parameter models on 4.1M bytes, so it can say whether the variants' "
            "gaps move with width at this data size, not what they are at the papers' sizes."),

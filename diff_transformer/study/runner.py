@@ -47,9 +47,9 @@ def trained_floor(study: Study) -> float:
 # Members per program under --population=auto, by jax platform. CPU: 1, measured:
 # benchmarks/results/population.json finds 0.80-1.08x the member-steps/s of standalone runs and
 # no more runs per hour at the LM and retrieval settings (the CPU step is already compute-bound),
-# so one process per run costs nothing and keeps runs independent. An accelerator: 8, not yet measured there; the
-# studies' sub-million-parameter models leave a GPU nearly idle, so members share its kernels
-# and one compile.
+# so one process per run costs nothing and keeps runs independent. An accelerator: 8, not yet
+# measured there; the studies' sub-million-parameter models leave a GPU nearly idle, so members
+# share its kernels and one compile.
 AUTO_POPULATION = {"cpu": 1}
 AUTO_POPULATION_ACCELERATOR = 8
 

@@ -47,9 +47,10 @@ def _by_seed(runs: list[dict], variant: str, contrasts: tuple[tuple[str, str], .
       out.setdefault(r["seed"], {}).update(metric_values(r))
   for values in out.values():
     for hi, lo in contrasts:
-      values.update({f"{name[:-len(hi) - 1]}@{hi}-{lo}": v - values[f"{name[:-len(hi)]}{lo}"]
-                     for name, v in list(values.items())
-                     if name.endswith(f"@{hi}") and f"{name[:-len(hi)]}{lo}" in values})
+      for name, v in list(values.items()):
+        metric, _, size = name.rpartition("@")
+        if size == hi and f"{metric}@{lo}" in values:
+          values[f"{metric}@{hi}-{lo}"] = v - values[f"{metric}@{lo}"]
   return out
 
 

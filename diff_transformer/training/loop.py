@@ -27,7 +27,7 @@ from diff_transformer.runs.checkpoint import Checkpointer
 from diff_transformer.training.guard import DivergenceGuard
 from diff_transformer.mesh import check_parallelism, global_batch, make_mesh
 from diff_transformer.training.metrics import (MetricsLogger, RateWindow,
-                                               executed_flops_per_token, expand_layers,
+                                               executed_flops_per_token, log_train_row,
                                                train_flops_per_token)
 from diff_transformer.training.peak import peak_tflops_per_device
 from diff_transformer.training.step import Trainer
@@ -230,14 +230,7 @@ def _steps(run: Run, logger: MetricsLogger, window: RateWindow, stop: StopSignal
       values = jax.device_get(metrics)
       guard.check_step(step, values)
       pending = None
-      for name, per_layer in values.pop("layers").items():
-        values |= expand_layers(name, per_layer)
-      rates = window.measure()  # the first window (compilation) is not timed
-      values |= dict(perplexity=math.exp(min(float(values["loss"]), 80.0)), **rates)
-      logger.write(step, values)
-      logger.progress(step, values)
-      summary.update(step=step, loss=float(values["loss"]), **rates)
-      window.reset()
+      log_train_row(logger, window, summary, step, values)
     if step % t.eval_every == 0 or last:
       val = validation.metrics(trainer, state, run.dataset, run.config, run.mesh)
       logger.write(step, val, kind="val")

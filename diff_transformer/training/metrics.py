@@ -154,6 +154,21 @@ def _scalar(v):
   return v.tolist()
 
 
+def log_train_row(logger: MetricsLogger, window: "RateWindow", summary: dict, step: int,
+                  values: dict) -> None:
+  """A train step's row (its `layers` expanded per layer, perplexity, the window's rates)
+  written and shown; the run's summary follows it."""
+  values = dict(values)
+  for name, per_layer in values.pop("layers").items():
+    values |= expand_layers(name, per_layer)
+  rates = window.measure()  # the first window (compilation) is not timed
+  values |= dict(perplexity=math.exp(min(float(values["loss"]), 80.0)), **rates)
+  logger.write(step, values)
+  logger.progress(step, values)
+  summary.update(step=step, loss=float(values["loss"]), **rates)
+  window.reset()
+
+
 def expand_layers(name: str, values) -> dict[str, float]:
   """Per-layer values as name/l{i} plus mean/min/max over layers."""
   values = np.asarray(values, np.float64)

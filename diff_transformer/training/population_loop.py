@@ -37,7 +37,7 @@ from diff_transformer.training.guard import DivergenceGuard
 from diff_transformer.training.loop import Run, finish, open_data, start_logging
 from diff_transformer.training.population import Population
 from diff_transformer.training.population_members import (Member, check_all, evaluate,
-                                                          failed_before, log_rows, member_state,
+                                                          failed_before, log_rows, member_slice,
                                                           save)
 from diff_transformer.training.step import Trainer
 from diff_transformer.training.stop import StopSignal
@@ -201,15 +201,16 @@ def _steps(members: list[Member], population: Population, state, start: int, t, 
     pending = (step, metrics)
     last = step == t.steps
     if step % t.log_every == 0 or last or step == start + 1:
-      check_all(members, *pending)
+      values = jax.device_get(metrics)
+      check_all(members, step, values)
       pending = None
-      log_rows(members, step, jax.device_get(metrics))
+      log_rows(members, step, values)
       bar.n = step
       bar.refresh()
     if step % t.eval_every == 0 or last:
       for m in members:
         if m.training:
-          evaluate(m, member_state(state, m.slot), step)
+          evaluate(m, member_slice(state, m.slot), step)
     stopping = stop.agreed(True)
     if stopping or last or step % t.checkpoint_every == 0:
       if pending is not None:  # never save a NaN state
@@ -217,7 +218,7 @@ def _steps(members: list[Member], population: Population, state, start: int, t, 
         pending = None
       for m in members:
         if m.training or (m.finished and m.summary.get("step") == step):
-          save(m, member_state(state, m.slot), member_state(batches, m.slot), step)
+          save(m, member_slice(state, m.slot), member_slice(batches, m.slot), step)
     if stopping:
       print(f"{stop.requested}: saved checkpoint step {step} of every member; exiting",
             flush=True)

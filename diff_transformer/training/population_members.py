@@ -3,7 +3,6 @@ divergence check, log rows, evaluation and checkpoint, each as its standalone ru
 from __future__ import annotations
 
 import dataclasses
-import math
 from pathlib import Path
 
 import jax
@@ -13,7 +12,7 @@ from diff_transformer.runs.folder import RunFolder
 from diff_transformer.training import validation
 from diff_transformer.training.guard import DivergenceGuard
 from diff_transformer.training.loop import Run
-from diff_transformer.training.metrics import MetricsLogger, RateWindow, expand_layers
+from diff_transformer.training.metrics import MetricsLogger, RateWindow, log_train_row
 
 
 @dataclasses.dataclass
@@ -33,8 +32,9 @@ class Member:
     return self.failed is None and not self.finished
 
 
-def member_state(state, slot: int):
-  return jax.tree.map(lambda x: x[slot], state)
+def member_slice(tree, slot: int):
+  """A member's part of a stacked tree (its state, batch or metrics)."""
+  return jax.tree.map(lambda x: x[slot], tree)
 
 
 def failed_before(workdir: Path) -> str | None:
@@ -67,22 +67,16 @@ def check(m: Member, step: int, values: dict) -> None:
 def check_all(members: list[Member], step: int, metrics) -> None:
   values = jax.device_get(dict(loss=metrics["loss"], grad_norm=metrics["grad_norm"]))
   for m in members:
-    check(m, step, {k: v[m.slot] for k, v in values.items()})
+    check(m, step, member_slice(values, m.slot))
 
 
 def log_rows(members: list[Member], step: int, values: dict) -> None:
   """Each training member's row, as its standalone run logs it."""
   for m in members:
-    if not m.training:
-      continue
-    row = {k: v[m.slot] for k, v in values.items() if k not in ("layers", "finite")}
-    for layer_name, per_layer in values["layers"].items():
-      row |= expand_layers(layer_name, per_layer[m.slot])
-    rates = m.window.measure()
-    row |= dict(perplexity=math.exp(min(float(row["loss"]), 80.0)), **rates)
-    m.logger.write(step, row)
-    m.summary.update(step=step, loss=float(row["loss"]), **rates)
-    m.window.reset()
+    if m.training:
+      row = member_slice(values, m.slot)
+      del row["finite"]
+      log_train_row(m.logger, m.window, m.summary, step, row)
 
 
 def evaluate(m: Member, state, step: int) -> None:
