@@ -30,7 +30,7 @@ case "${1:-}" in
 esac
 if [[ "${1:-}" == "--cpu" ]]; then
   MODE=(--cpu); shift
-  CAPS=(env:120 correctness:240 kernels:240 train:240 profile:240 decode:240 tests:10)
+  CAPS=(env:120 correctness:240 kernels:240 train:240 profile:240 decode:240 tests:60)
 fi
 if [[ -n "${GPU_CHECK_STAGES:-}" ]]; then  # e.g. "correctness:100 decode:60" for a rerun
   read -r -a CAPS <<< "$GPU_CHECK_STAGES"
