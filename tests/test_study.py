@@ -212,6 +212,25 @@ def test_quick_study_runs_end_to_end_and_resumes(tmp_path):
   assert "Invocations on this root, in order: " in markdown.write(data, tmp_path).read_text()
 
 
+def test_populations_group_a_cells_seeds_and_a_grid_cells_lrs_per_grid_seed(tmp_path):
+  """What --population=N trains together: a compared cell's seeds; a grid cell's lrs on one
+  grid seed (members may differ only in seed and lr), in programs of up to N members."""
+  file = tmp_path / "tiny_study.py"
+  file.write_text(TINY_STUDY)
+  tiny = cli.load_definition(str(file), "study", "STUDY").validate()
+  points = tiny.points()
+  assert runner.populations(tiny, points, 1) == []  # one process per run
+  programs = runner.populations(tiny, points, 2)
+  assert sorted(map(sorted, programs)) == [
+      ["diff_v2-s0", "diff_v2-s1"], ["diff_v2-s2"], ["transformer-s0", "transformer-s1"],
+      ["transformer-s2"]]
+  grid = ["transformer-lr0.001-s1000", "transformer-lr0.003-s1000", "transformer-lr0.001-s1001",
+          "diff_v2-lr0.001-s1000"]
+  assert sorted(map(sorted, runner.populations(tiny, grid, 8, grid=True))) == [
+      ["diff_v2-lr0.001-s1000"], ["transformer-lr0.001-s1000", "transformer-lr0.003-s1000"],
+      ["transformer-lr0.001-s1001"]]
+
+
 BAD_STUDY_FILES = [
     ("STUDY = (", "tiny_study.py:1: "),
     ("x = 1", "defines no STUDY"),
