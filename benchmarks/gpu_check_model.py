@@ -66,10 +66,8 @@ def stage_train(out: Path, cpu: bool, seconds: float, layers: int, timing: bool 
   for T in lengths:
     batch = max(1, tokens // T)
     for label in OPTIONS["labels"] if timing else ("auto",):
-      for variant in PAPER_VARIANTS:
+      for variant in PAPER_VARIANTS if label == "auto" else other_variants:
         if not timing and (variant, label, T) != ("diff", "auto", lengths[0]):
-          continue
-        if label != "auto" and variant not in other_variants:
           continue
         auto = _config(variant, cpu, seq_len=T, batch=batch, layers=layers, kernel="auto")
         chosen = executed_flops_per_token(ModelSpec.from_config(auto.model), T)[1]
