@@ -56,12 +56,13 @@ class Checkpointer:
 
   def _open(self) -> ocp.CheckpointManager:
     """The orbax manager. A reader lists the steps while the run that trains there may delete
-    old ones (max_to_keep): a step that vanishes while listed is listed again, and a listing that
-    keeps changing is one line."""
+    old ones (max_to_keep): a step that vanishes while listed (orbax sees it missing, or sees its
+    name but no longer a directory) is listed again, and a listing that keeps changing is one
+    line."""
     for _ in range(20):
       try:
         return ocp.CheckpointManager(self.directory, options=self.options)
-      except FileNotFoundError as e:
+      except (FileNotFoundError, NotADirectoryError) as e:
         if not self.options.read_only:
           raise
         vanished = e
