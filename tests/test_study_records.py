@@ -202,7 +202,7 @@ def test_a_refused_record_write_keeps_the_records_before_it(tmp_path, monkeypatc
   assert not list(records.path(tmp_path, "b").parent.glob(".*tmp*"))
 
 
-@pytest.mark.parametrize("name", ["lm", "retrieval"])
+@pytest.mark.parametrize("name", ["lm", "lm_table6", "retrieval"])
 def test_committed_studies_rebuild_from_their_records_unchanged(tmp_path, name):
   """Every committed record still matches its point's setting (an option added to the config
   later must not orphan them), and study.json and report.md rebuild from them byte for byte,
