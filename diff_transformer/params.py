@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import functools
 import math
 
 import jax
@@ -35,6 +36,13 @@ def param_shapes(model) -> dict[str, tuple[int, ...]]:
 
 def count(spec: ModelSpec) -> dict:
   """{'params', 'non_embedding_params', 'embedding_params', 'paper_params', 'modules'}."""
+  return copy.deepcopy(_count(spec))
+
+
+@functools.lru_cache(maxsize=256)
+def _count(spec: ModelSpec) -> dict:
+  # A study resolves every point's config (each parameter-matched) on every run and report: one
+  # abstract model per distinct spec, not per point.
   modules: dict[str, int] = collections.defaultdict(int)
   for name, shape in param_shapes(abstract_model(spec)).items():
     parts = name.split(".")
