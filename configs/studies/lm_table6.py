@@ -24,9 +24,10 @@ diff@nosubln: within 0.08% of each other. The primary family is the six pre-name
 over 6; 10 seeds can resolve it (smallest Holm p 6 x 2/1024 = 0.012). Each pair is a - b in
 whole-split validation loss (nats per byte).
 
-About 6-7 minutes per run on one core: 6 grid runs and 54 compared runs are new (the
-transformer and diff records of seeds 0-7 and their grid are the LM study's, reused where the
-setting matches), about 3.5 h with two children on 2 cores, run in parts.
+6 grid runs and 54 compared runs are new (the transformer and diff records of seeds 0-7 and
+their grid are the LM study's, reused where the setting matches). With two children on 2 Intel
+Xeon cores a run took a median 12.6 minutes (the records' train_seconds), so about 6.5 h in all,
+run in parts; results: docs/results/study_lm_table6/.
 """
 from configs.studies import lm
 from diff_transformer.study import Cell, Study
