@@ -45,7 +45,8 @@ LONGEST_FIRST = (
     "test_driver_faults.py", "test_study.py", "test_population_runs.py",
     "test_synthetic_learning.py",
     "test_training_sharding.py", "test_lm_eval.py", "test_packaging.py",
-    "test_eval_cli.py", "test_gpu_check.py", "test_hf_export.py", "test_training_runs.py", "test_training_learning.py",
+    "test_eval_cli.py", "test_gpu_check.py", "test_gpu_study.py",
+    "test_hf_export.py", "test_training_runs.py", "test_training_learning.py",
     "test_pallas_kernel.py", "test_reliability.py", "test_pallas_model.py", "test_sweep_resume.py",
     "test_hf_import.py", "test_eval_kvcache.py", "test_model.py", "test_attention_numerics.py",
 )

@@ -10,15 +10,13 @@
 #                                            # chosen stages, caps and arguments
 #   bash tools/gpu_check.sh --cpu [OUT]      # tiny shapes, Pallas interpreted, on any machine
 #
-# The GPU image's own jax, flax, optax, orbax and numpy are used as they are: no pip resolution
-# (its jax is newer than setup.py's range); the project runs from PYTHONPATH.
+# The packages and paths are tools/gpu_env.sh's (shared with tools/gpu_study.sh).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-WHEELS=(grain==0.2.18 array-record==0.8.6 ml-collections==1.1.0 tensorboardX==2.6.5 portpicker==1.6.0)
+source tools/gpu_env.sh
 if [[ "${1:-}" == "--fetch-wheels" ]]; then
-  exec python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
-    --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
-    --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl "${WHEELS[@]}"
+  gpu_fetch_wheels
+  exit
 fi
 MODE=()
 # Stage caps in seconds. Compiling dominates on the GPU (measured on an H200: 12 attention
@@ -37,16 +35,7 @@ if [[ -n "${GPU_CHECK_STAGES:-}" ]]; then  # e.g. "correctness:100 decode:60" fo
 fi
 OUT_DIR="${1:-${OUT:-benchmarks/results}}"
 mkdir -p "$OUT_DIR"
-PYTHON="${PYTHON:-python3}"
-if [[ ${#MODE[@]} -eq 0 && -d .whl ]]; then
-  SITE="$(mktemp -d)/site"
-  "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" \
-    .whl/*.whl || exit 1
-  export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
-fi
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-export JAX_COMPILATION_CACHE_DIR="${JAX_COMPILATION_CACHE_DIR:-/tmp/gpu_check_jax_cache}"
-export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 TF_CPP_MIN_LOG_LEVEL=2
+gpu_env /tmp/gpu_check_jax_cache "$([[ ${#MODE[@]} -gt 0 ]] && echo cpu)" || exit 1
 for entry in "${CAPS[@]}"; do
   # stage:seconds[:ARG+ARG...], e.g. kernels:150:--lengths=4096,8192+--tag=_long
   IFS=: read -r stage cap extra <<< "$entry"

@@ -1,0 +1,42 @@
+"""The GPU study command's CPU mode (tools/gpu_study.sh --cpu): a study stopped at its deadline
+exits 0 with a tarball of what it recorded; a later call on the same results folder finishes
+and its tarball holds the records, so the command a lent GPU runs cannot rot between GPU
+sessions."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tarfile
+from pathlib import Path
+
+from tests.helpers.studies import TINY_STUDY
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def gpu_study(tmp_path: Path, seconds: int, *flags: str) -> tuple[str, set[str]]:
+  out = tmp_path / f"out{seconds}"
+  proc = subprocess.run(["bash", "tools/gpu_study.sh", "--cpu", str(seconds),
+                         str(tmp_path / "study_tiny"), *flags], cwd=ROOT, capture_output=True,
+                        text=True, timeout=600, env={**os.environ, "OUT": str(out)})
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  with tarfile.open(out / "study.tar.gz") as tar:
+    names = set(tar.getnames())
+  return proc.stdout, names
+
+
+def test_a_study_stopped_at_its_deadline_exits_0_and_a_later_call_finishes_into_the_tarball(tmp_path):
+  file = tmp_path / "tiny_study.py"
+  file.write_text(TINY_STUDY.replace("quick_lr_grid=(1e-3, 3e-3),", ""))  # one run, no grid
+  flags = (f"--study={file}", "--quick", "--variants=transformer", "--seeds=0")
+  stopped, names = gpu_study(tmp_path, 3, *flags)  # the driver is still starting at 3 s
+  assert "== study stopped at 3 s" in stopped and "== 0 records" in stopped, stopped
+  assert "study_tiny/records/transformer-s0.json" not in names
+  finished, names = gpu_study(tmp_path, 300, *flags)
+  assert "== study finished: every point recorded" in finished, finished
+  assert "== 1 records" in finished
+  assert {"study_tiny/records/transformer-s0.json", "study_tiny/study.json"} <= names
+  assert not any(n.endswith("driver.lock") for n in names)
+  record = json.loads((tmp_path / "study_tiny/records/transformer-s0.json").read_text())
+  assert record["steps"] == 4
