@@ -340,6 +340,7 @@ def test_a_study_of_derived_cells_and_named_pairs_runs_reports_and_rebuilds(tmp_
   assert cells["transformer@wd0"]["lr_from"] == "transformer" and cells["diff_v2"]["parent"] is None
   text = (root / "report.md").read_text()
   assert "## Cells" in text and "3 pre-named pairs (a - b), Holm over 3" in text
+  assert "![pre-named pairs](pairs.png)" in text and (root / "pairs.png").is_file()
   assert "| diff_v2 - transformer |" in text and "-0.500" in text and "a test figure" in text
   assert cells["transformer@wd0"]["published"] == 7.25 and "| 7.25 |" in text
   # The records alone rebuild the same pairs (workdirs gone: committed records on a new machine).

@@ -116,7 +116,7 @@ def _cells(result: dict) -> list[str]:
                  f"`{primary}` (mean ± std)", "published"], rows) + [""])
 
 
-def _pairs_primary(result: dict) -> list[str]:
+def _pairs_primary(result: dict, root: Path) -> list[str]:
   """The primary family of pre-named pairs, each beside its published figure."""
   info, summary, paired = result["study"], result["summary"], result["paired"]
   primary = info["primary"]
@@ -138,7 +138,8 @@ def _pairs_primary(result: dict) -> list[str]:
                  "published a - b", "same sign"], rows) +
           ["", f"Published: {source}. 'Same sign' compares the two mean differences' signs "
            "only; a pair whose Holm p is 0.05 or more is not resolved here, and its sign is "
-           "not a finding.", ""])
+           "not a finding.", "",
+           f"![pre-named pairs]({plots.pairs(result, root / 'pairs.png')})", ""])
 
 
 def _speed_notes(result: dict) -> list[str]:
@@ -178,7 +179,7 @@ def write(result: dict, root: Path) -> Path:
                                                            else [])
   elif "task_params" in result["study"]:
     slices = [f"accuracy:{s}" for s in result["runs"][0]["accuracy"]]
-    primary = (_cells(result) + _pairs_primary(result) if result["study"].get("comparisons")
+    primary = (_cells(result) + _pairs_primary(result, root) if result["study"].get("comparisons")
                else _task_primary(result))
     lines += primary + _speed_notes(result) + _task_slices(result, root)
     lines += _secondary(result, [m for m in TASK_METRICS + tuple(slices)
@@ -186,7 +187,7 @@ def write(result: dict, root: Path) -> Path:
   else:
     metrics = [_at(m, z) for z in _sizes(result) for m in TEXT_METRICS]
     primary = result["study"]["primary"]
-    head = (_cells(result) + _pairs_primary(result) if result["study"].get("comparisons") else
+    head = (_cells(result) + _pairs_primary(result, root) if result["study"].get("comparisons") else
             [f"## Primary: `{primary}`", ""] +
             table(["variant", "mean ± std", "paired difference vs Transformer"],
                   [[v, pm(s.get(primary)), diff(result["paired"].get(v, {}).get(primary))
