@@ -7,7 +7,7 @@
 #   bash tools/gpu_study.sh --cpu SECONDS RESULTS STUDY_FLAGS...  # the same on this machine
 #
 # e.g., from a lent session (carry .whl and .cache; docs/synthetic.md, "A study on a lent GPU"):
-#   bash tools/gpu_study.sh 420 docs/results/study_lm_width \
+#   bash tools/gpu_study.sh 480 docs/results/study_lm_width \
 #     --study=configs/studies/lm_width.py --population=8 --jobs=1
 # Writes to $OUT (or ./gpu_study_out): study.log (the driver's output) and study.tar.gz, the
 # RESULTS folder under its own name (`tar -xzf study.tar.gz -C docs/results` puts it back, and
@@ -22,8 +22,8 @@ shift 2
 OUT_DIR="${OUT:-gpu_study_out}"
 mkdir -p "$OUT_DIR" "$RESULTS"
 gpu_env /tmp/gpu_study_jax_cache "$MODE" || exit 1
-# The prepared corpus travels in .cache/ (no network there); several children share the GPU, so
-# none may take most of its memory up front.
+# The prepared corpus travels in .cache/ (no network there); the driver (it evaluates each run)
+# and its children share the GPU, so none may take most of its memory up front.
 [[ -d .cache/diff_transformer ]] && export DIFF_TRANSFORMER_CACHE="$PWD/.cache/diff_transformer"
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
 [[ "$MODE" == cpu ]] && export JAX_PLATFORMS=cpu

@@ -26,7 +26,7 @@ whole-split validation loss (nats per byte).
 
 6 grid runs and 54 compared runs are new (the transformer and diff records of seeds 0-7 and
 their grid are the LM study's, reused where the setting matches). With two children on 2 Intel
-Xeon cores a run took a median 12.6 minutes (the records' train_seconds), so about 6.5 h in all,
+Xeon cores a run took a median 12.6 minutes (the records' train_seconds), so about 6 h in all,
 run in parts; results: docs/results/study_lm_table6/.
 """
 from configs.studies import lm

@@ -127,25 +127,33 @@ def pairs(result: dict, path: Path) -> str:
   published = {(a, b): x for a, b, x in info.get("published", [])}
   value = {(r["variant"], r["size"], r["seed"]): r.get(primary) for r in result["runs"]}
   rows = list(reversed(info["comparisons"]))  # the first pair on top
+  labelled: set[str] = set()
+
+  def once(label: str) -> str | None:  # each legend entry on the first row that draws it
+    if label in labelled:
+      return None
+    labelled.add(label)
+    return label
+
   fig, ax = common.figure(size=(6.4, 0.5 * len(rows) + 1.2))
   for y, (a, b) in enumerate(rows):
     seeds = [(z, s) for (v, z, s), x in value.items() if v == a and x is not None
              and value.get((b, z, s)) is not None]
-    ax.scatter([value[a, z, s] - value[b, z, s] for z, s in seeds], [y] * len(seeds),
-               s=10, color="C0", alpha=0.35, label="one seed" if y == 0 else None)
+    if seeds:
+      ax.scatter([value[a, z, s] - value[b, z, s] for z, s in seeds], [y] * len(seeds),
+                 s=10, color="C0", alpha=0.35, label=once("one seed"))
     entry = result["paired"].get(f"{a} vs {b}", {}).get(primary) or {}
-    if entry.get("n"):
-      low, high = entry.get("ci95_low"), entry.get("ci95_high")
-      if low is not None and high is not None:
-        ax.errorbar(entry["mean_diff"], y, xerr=[[entry["mean_diff"] - low],
-                    [high - entry["mean_diff"]]], fmt="o", color="C0", capsize=3,
-                    label="mean, 95% interval" if y == 0 else None)
-      ax.annotate(f"Holm p {entry['p_holm']:.2g}" if entry.get("p_holm") is not None else "",
-                  (1.0, y), xycoords=("axes fraction", "data"), xytext=(4, 0),
-                  textcoords="offset points", va="center", fontsize=7)
+    low, high = entry.get("ci95_low"), entry.get("ci95_high")
+    if entry.get("n") and low is not None and high is not None:
+      mean = entry["mean_diff"]
+      ax.errorbar(mean, y, xerr=[[mean - low], [high - mean]], fmt="o", color="C0", capsize=3,
+                  label=once("mean, 95% interval"))
+    if entry.get("p_holm") is not None:
+      ax.annotate(f"Holm p {entry['p_holm']:.2g}", (1.0, y), xycoords=("axes fraction", "data"),
+                  xytext=(4, 0), textcoords="offset points", va="center", fontsize=7)
     if (a, b) in published:
       ax.scatter([published[a, b]], [y], marker="D", facecolors="none", edgecolors="C3",
-                 label="published (its own units)" if y == 0 else None, zorder=3)
+                 label=once("published (its own units)"), zorder=3)
   ax.axvline(0, color="k", lw=0.6, ls=":")
   ax.set_yticks(range(len(rows)), [f"{a} - {b}" for a, b in rows], fontsize=7)
   ax.set_xlabel(f"paired difference a - b in `{primary}`")
