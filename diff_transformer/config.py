@@ -143,6 +143,16 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   if spec.head_norm and not attention.has_head_norm:
     _fail("model.head_norm", f"{spec.variant} has no per-head output norm option (the "
           "transformer has; DIFF V1 and Shared DIFF have their sub-layer norm, model.subln)")
+  if spec.norm_out_scale != "rule":
+    fixed = spec.fixed_norm_out_scale
+    if spec.norm_out_scale not in attention.norm_out_rules and not (
+        fixed is not None and 0 < fixed < float("inf")):
+      _fail("model.norm_out_scale", f"'{spec.norm_out_scale}' is not a positive number or one "
+            f"of {', '.join(attention.norm_out_rules)} (for {spec.variant})")
+    if not attention.has_output_norm(spec):
+      _fail("model.norm_out_scale", f"scales a per-head output norm, which this {spec.variant} "
+            "model has none of (transformer: model.head_norm=True; diff, shared_diff: "
+            "model.subln=True)")
   if m.rope_pairs not in ("interleaved", "half"):
     _fail("model.rope_pairs", f"'{m.rope_pairs}' is not one of interleaved, half")
   if m.lambda_init is not None and not 0.0 <= m.lambda_init < 1.0:

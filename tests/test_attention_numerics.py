@@ -70,6 +70,11 @@ def test_module_matches_float64(variant, kv, kernel):
     ("transformer", dict(head_norm=True)),
     ("diff", dict(subln=False)),
     ("diff", dict(lambda_init=0.5)),
+    ("diff", dict(norm_out_scale="0.37")),
+    ("diff", dict(lambda_init=0.8, norm_out_scale="1.3")),
+    ("diff", dict(lambda_init=0.8, norm_out_scale="layer_rule")),
+    ("shared_diff", dict(norm_out_scale="0.2")),
+    ("transformer", dict(head_norm=True, norm_out_scale="0.2")),
     ("diff_v2", dict(v2_pairing="halves")),
     ("diff_v2", dict(v2_lambda="none")),
     ("diff_v2", dict(v2_lambda="linear")),
@@ -78,16 +83,7 @@ def test_ablations_match_float64(variant, overrides):
   spec, attn = make(variant, 2, seed=7, **overrides)
   x = np.random.default_rng(2).normal(size=(B, T, D))
   got = attn(jnp.asarray(x, jnp.float32), jnp.broadcast_to(jnp.arange(T), (B, T)), jnp.asarray(SEG))
-  if "lambda_init" in overrides:  # the reference's layer rule, with the constant swapped in
-    ref_lambda_init = ref.lambda_init
-    ref.lambda_init = lambda layer: overrides["lambda_init"]
-    try:
-      want = expected(variant, spec, attn, x, SEG)
-    finally:
-      ref.lambda_init = ref_lambda_init
-  else:
-    want = expected(variant, spec, attn, x, SEG)
-  assert rel_err(got, want) < entry(variant).tolerance
+  assert rel_err(got, expected(variant, spec, attn, x, SEG)) < entry(variant).tolerance
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

@@ -31,6 +31,14 @@ def cfg(**model):
     (dict(vocab_size=0), "model.vocab_size", "positive"),
     (dict(vocab_multiple=-128), "model.vocab_multiple", "must be >= 0"),
     (dict(variant="diff", head_norm=True), "model.head_norm", "no per-head output norm option"),
+    (dict(norm_out_scale="-0.2"), "model.norm_out_scale", "not a positive number"),
+    (dict(norm_out_scale="nan"), "model.norm_out_scale", "not a positive number"),
+    (dict(norm_out_scale="big"), "model.norm_out_scale", "rule, layer_rule"),
+    (dict(variant="transformer", num_heads=8, head_norm=True, norm_out_scale="layer_rule"),
+     "model.norm_out_scale", "one of rule (for transformer)"),
+    (dict(variant="transformer", num_heads=8, norm_out_scale="0.2"), "model.norm_out_scale",
+     "has none of"),
+    (dict(subln=False, norm_out_scale="0.2"), "model.norm_out_scale", "has none of"),
 ])
 def test_bad_model_configs(overrides, field, words):
   with pytest.raises(ConfigError) as e:

@@ -24,7 +24,7 @@ CASES = [  # (variant, gqa, tie, extra model fields)
     ("diff", True, True, {}),
     ("diff", False, False, {"dtype": "bfloat16"}),
     ("shared_diff", True, False, {}),
-    ("shared_diff", False, True, {}),
+    ("shared_diff", False, True, {"norm_out_scale": "0.3"}),  # folded into o_proj per layer
     ("diff_v2", True, False, {}),
     ("diff_v2", False, True, {}),
 ]
@@ -33,7 +33,8 @@ MAX_DIFF: dict[str, float] = {}
 
 def _id(case) -> str:
   variant, gqa, tie, extra = case
-  return "-".join([variant, "gqa" if gqa else "mha", "tied" if tie else "untied", *extra.values()])
+  return "-".join([variant, "gqa" if gqa else "mha", "tied" if tie else "untied",
+                   *map(str, extra.values())])
 
 
 @pytest.fixture(scope="module", params=CASES, ids=_id)
@@ -123,6 +124,7 @@ def test_export_imports_back_bitwise(exported):
 @pytest.mark.parametrize("field,value,needle", [
     ("subln", False, "model.subln"),
     ("lambda_init", 0.8, "model.lambda_init"),
+    ("norm_out_scale", "layer_rule", "model.norm_out_scale"),
     ("v2_pairing", "halves", "model.v2_pairing"),
     ("v2_lambda", "none", "model.v2_lambda"),
     ("short_conv", 4, "model.short_conv"),

@@ -90,7 +90,9 @@ class Target:
     return dict(q=self.q_heads_per_head * h * d, k=self.sub_heads * K * d,
                 v=self.sub_heads * K * d, o=self.sub_heads * h * d)
 
-  def attention_to_hf(self, spec: ModelSpec, a: Layer, attn: str) -> Params:
+  def attention_to_hf(self, spec: ModelSpec, a: Layer, attn: str, layer: int) -> Params:
+    """Layer `layer`'s attention tensors under the HF prefix `attn`."""
+    del layer
     rows, d = rope_rows(spec), spec.head_dim
     return {attn + "q_proj.weight": reorder_heads(a("attn.wq.kernel").T,
                                                   range(self.q_heads_per_head * spec.num_heads),
@@ -100,7 +102,9 @@ class Target:
             attn + "v_proj.weight": a("attn.wv.kernel").T,
             attn + "o_proj.weight": a("attn.wo.kernel").T}
 
-  def attention_from_hf(self, spec: ModelSpec, q, k, v, o, get: Get, attn: str, put: Put) -> None:
+  def attention_from_hf(self, spec: ModelSpec, q, k, v, o, get: Get, attn: str, put: Put,
+                        layer: int) -> None:
+    del layer
     rows, d = inverse(rope_rows(spec)), spec.head_dim
     put("attn.wq.kernel", reorder_heads(q, range(self.q_heads_per_head * spec.num_heads), d,
                                         rows).T)

@@ -5,7 +5,8 @@
   2i+1), K1 = k head g and K2 = k head g + h_kv for its kv group g, and the 2d-wide value
   [v head g; v head g + h_kv] (ours: the 2d-wide value head g).
 - DiffLlama's per-head RMSNorm has no gain: ours (one (2d,) gain shared by all heads) is folded
-  into o_proj's input columns. The fold is exact math but not an exact float inverse, so the
+  into o_proj's input columns, and so is a fixed model.norm_out_scale (over DiffLlama's own
+  (1 - lambda_init) of the layer). The fold is exact math but not an exact float inverse, so the
   export also writes the unfolded tensors to a sidecar (hf_common.SIDECAR) that makes export ->
   import bitwise; an import uses it only if it reproduces the HF tensors exactly.
 - Shared DIFF (a low-rank variant): its effective W_Q1 = W_Q + U_q1 V_q1 (and Q2, K1, K2) are
@@ -40,6 +41,13 @@ def fold_subln(wo_in_out: np.ndarray, gain: np.ndarray, heads: int) -> np.ndarra
   return (wo_in_out * np.tile(gain, heads)[:, None]).T
 
 
+def out_scale_ratio(spec: ModelSpec, layer: int) -> np.float32:
+  """Our multiplier after the sub-layer norm over DiffLlama's (1 - lambda_init): 1 under the
+  rule; under a fixed model.norm_out_scale, folded into o_proj like the norm's gain."""
+  fixed = spec.fixed_norm_out_scale
+  return np.float32(1.0 if fixed is None else fixed / (1.0 - lambda_init(layer)))
+
+
 def _qk(spec: ModelSpec, a: Layer) -> tuple[np.ndarray, np.ndarray]:
   """[2h*d, D] and [2h_kv*d, D] in our adjacent sub-head order (Q1_0, Q2_0, Q1_1, ...)."""
   if not _shared(spec):
@@ -68,6 +76,10 @@ class DiffLlama(Target):
     if not spec.subln:
       raise InteropError("model.subln: False (no sub-layer norm) has no equivalent in "
                          "DiffLlamaForCausalLM, which always normalises each head")
+    if spec.norm_out_scale == "layer_rule":
+      raise InteropError("model.norm_out_scale: layer_rule has no equivalent in "
+                         "DiffLlamaForCausalLM (export with rule: the same multiplier where "
+                         "lambda_init follows the layer rule)")
     if spec.lambda_init is not None:
       raise InteropError(f"model.lambda_init: the constant {spec.lambda_init} has no equivalent "
                          "in DiffLlamaForCausalLM (0.8 - 0.6 exp(-0.3 l) only)")
@@ -87,7 +99,7 @@ class DiffLlama(Target):
             if _shared(spec) else ("blocks.attn.wo.", "blocks.attn.subln_scale"))
     return {k: v for k, v in params.items() if k.startswith(keep) and k != "blocks.attn.wv.kernel"}
 
-  def attention_to_hf(self, spec: ModelSpec, a: Layer, attn: str) -> Params:
+  def attention_to_hf(self, spec: ModelSpec, a: Layer, attn: str, layer: int) -> Params:
     d, h, K, rows = spec.head_dim, spec.num_heads, spec.kv_heads, rope_rows(spec)
     q_w, k_w = _qk(spec, a)
     # Our value head g is [first d | second d]; DiffLlama keeps them as heads g and g + h_kv.
@@ -95,17 +107,19 @@ class DiffLlama(Target):
     out = {attn + "q_proj.weight": reorder_heads(q_w, split_half_order(2 * h), d, rows),
            attn + "k_proj.weight": reorder_heads(k_w, split_half_order(2 * K), d, rows),
            attn + "v_proj.weight": v.transpose(1, 0, 2, 3).reshape(2 * K * d, spec.d_model),
-           attn + "o_proj.weight": fold_subln(a("attn.wo.kernel"), a("attn.subln_scale"), h)}
+           attn + "o_proj.weight": fold_subln(a("attn.wo.kernel"), a("attn.subln_scale")
+                                              * out_scale_ratio(spec, layer), h)}
     out.update({attn + name: a(f"attn.{name}") for name in LAMBDAS})
     return out
 
-  def attention_from_hf(self, spec: ModelSpec, q, k, v, o, get: Get, attn: str, put: Put) -> None:
+  def attention_from_hf(self, spec: ModelSpec, q, k, v, o, get: Get, attn: str, put: Put,
+                        layer: int) -> None:
     d, h, K, D = spec.head_dim, spec.num_heads, spec.kv_heads, spec.d_model
     rows = inverse(rope_rows(spec))
     put("attn.wq.kernel", reorder_heads(q, inverse(split_half_order(2 * h)), d, rows).T)
     put("attn.wk.kernel", reorder_heads(k, inverse(split_half_order(2 * K)), d, rows).T)
     put("attn.wv.kernel", v.reshape(2, K, d, D).transpose(1, 0, 2, 3).reshape(2 * K * d, D).T)
-    put("attn.wo.kernel", o.T)
+    put("attn.wo.kernel", o.T / out_scale_ratio(spec, layer))
     put("attn.subln_scale", np.ones((2 * d,), np.float32))  # DiffLlama's norm has no gain
     for name in LAMBDAS:
       put(f"attn.{name}", get(attn + name, (d,)))

@@ -31,12 +31,13 @@ class DiffV2(Target):
   def config(self, spec: ModelSpec, cfg: dict) -> dict:
     return dict(cfg, num_attention_heads=2 * spec.num_heads)  # query heads; h of them output
 
-  def attention_to_hf(self, spec: ModelSpec, a: Layer, attn: str) -> Params:
-    return dict(super().attention_to_hf(spec, a, attn),
+  def attention_to_hf(self, spec: ModelSpec, a: Layer, attn: str, layer: int) -> Params:
+    return dict(super().attention_to_hf(spec, a, attn, layer),
                 **{attn + "lambda_proj.weight": a("attn.wlambda.kernel").T})
 
-  def attention_from_hf(self, spec: ModelSpec, q, k, v, o, get: Get, attn: str, put: Put) -> None:
-    super().attention_from_hf(spec, q, k, v, o, get, attn, put)
+  def attention_from_hf(self, spec: ModelSpec, q, k, v, o, get: Get, attn: str, put: Put,
+                        layer: int) -> None:
+    super().attention_from_hf(spec, q, k, v, o, get, attn, put, layer)
     put("attn.wlambda.kernel", get(attn + "lambda_proj.weight", (spec.num_heads,
                                                                   spec.d_model)).T)
 

@@ -106,7 +106,7 @@ def to_hf(spec: ModelSpec, params: Params, constants: Params) -> tuple[Params, P
   for l in range(spec.num_layers):
     a, pre = (lambda name: p[f"blocks.{name}"][l]), f"model.layers.{l}."
     out.update(layer_to_hf(a, pre))
-    out.update(t.attention_to_hf(spec, a, pre + "self_attn."))
+    out.update(t.attention_to_hf(spec, a, pre + "self_attn.", l))
   return out, sidecar
 
 
@@ -139,6 +139,6 @@ def from_hf(spec: ModelSpec, hf: Params, sidecar: Params | None = None,
     layer_from_hf(spec, get, pre, put)
     q, k, v = (get(attn + f"{x}_proj.weight", (width[x], D)) for x in "qkv")
     o = get(attn + "o_proj.weight", (D, width["o"]))
-    t.attention_from_hf(spec, q, k, v, o, get, attn, put)
+    t.attention_from_hf(spec, q, k, v, o, get, attn, put, l)
   out.update({f"blocks.{k}": np.stack(v) for k, v in layers.items()})
   return t.after_import(spec, out, hf, sidecar, to_hf)

@@ -44,6 +44,11 @@ class ModelSpec:
   subln: bool = True  # per-head RMSNorm with one (2d,) gain, then * (1 - lambda_init)
   lambda_init: float | None = None  # None = 0.8 - 0.6 exp(-0.3 l), l counted from 0
   lambda_std: float = 0.1
+  # The multiplier after a per-head norm (DIFF's sub-layer norm, the Transformer's head_norm):
+  # "rule": the variant's, (1 - lambda_init) for DIFF V1 / Shared DIFF and 1 for head_norm;
+  # "layer_rule" (DIFF V1 / Shared DIFF): 1 - (0.8 - 0.6 exp(-0.3 l)) even where lambda_init is
+  # a constant; or a positive number, fixed in every layer, written as text ("0.2").
+  norm_out_scale: str = "rule"
   # Shared DIFF.
   rank: int = 0
   # matched: W + U V^T at DIFF V1's init scale (default, by ablation); fan_in: both factors
@@ -78,6 +83,14 @@ class ModelSpec:
       if key not in fields:
         raise ConfigError(f"model.{key}: unknown key; known keys here: {', '.join(sorted(fields))}")
     return cls(**values)
+
+  @property
+  def fixed_norm_out_scale(self) -> float | None:
+    """model.norm_out_scale as a number, or None where it names a rule."""
+    try:
+      return float(self.norm_out_scale)
+    except ValueError:
+      return None
 
   @property
   def kv_heads(self) -> int:

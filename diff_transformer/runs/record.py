@@ -11,6 +11,7 @@ and by every program that reads the run (eval, export, lm-eval, studies).
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -52,24 +53,35 @@ IGNORED = ("source", "train.log_every", "train.checkpoint_every", "train.max_to_
            "train.peak_tflops", "data.cache_dir")
 
 
-# Options added after runs were recorded, each with the value that computes what runs did before
-# it existed: at that value the key is left out of a setting, so the older records still match.
-ADDED_OPTIONS = {"model.head_norm": False}
-
-
 def setting(config: ml_collections.ConfigDict) -> dict:
   """The config's flat fields that change training (JSON values, as config.json holds them)."""
   flat = flatten(json.loads(config.to_json_best_effort()))
   if flat.get("model.vocab_multiple"):  # train.py fills vocab_size in from the tokenizer
     flat.pop("model.vocab_size", None)
-  return {k: v for k, v in flat.items()
-          if k not in IGNORED and (k not in ADDED_OPTIONS or ADDED_OPTIONS[k] != v)}
+  return {k: v for k, v in flat.items() if k not in IGNORED}
+
+
+@functools.cache
+def defaults() -> dict:
+  """Today's default of every setting key (base_config)."""
+  return flatten(json.loads(base_config().to_json_best_effort()))
+
+
+def departures(flat: dict) -> dict:
+  """The keys of a setting whose values differ from today's defaults. Settings are compared this
+  way, so an option added later with its default is invisible to records made before it existed,
+  while a changed default, or a record naming a changed key, still shows as a difference."""
+  base = defaults()
+  return {k: v for k, v in flat.items() if k not in base or base[k] != v}
 
 
 def differences(expected: dict, recorded: dict) -> list[tuple[str, object, object]]:
-  """(key, recorded value, expected value) for every key that differs, in key order."""
+  """(key, recorded value, expected value) for every key whose value differs once today's
+  defaults are removed from both sides (a key missing on one side holds its default there)."""
+  expected, recorded, base = departures(expected), departures(recorded), defaults()
   keys = sorted(expected.keys() | recorded.keys())
-  return [(k, recorded.get(k), expected.get(k)) for k in keys if recorded.get(k) != expected.get(k)]
+  return [(k, recorded.get(k, base.get(k)), expected.get(k, base.get(k))) for k in keys
+          if recorded.get(k, base.get(k)) != expected.get(k, base.get(k))]
 
 
 def check_setting(workdir: Path, point: str, expected: dict, retrain: bool = False) -> None:

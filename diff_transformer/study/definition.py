@@ -9,7 +9,9 @@ STUDY.get_config`, so a point trains as `python train.py --config=<file>:<point>
   at its own grid's lr or at its parent's.
 - `<variant>[-<size>]-lr<lr>-s<seed>`: a learning-rate grid run, seed one of `lr_grid_seeds`,
   which no compared run uses, so the lr is not picked on the seeds that are then compared. The
-  grid is judged by the study's primary metric at the full budget (study/grid.py).
+  grid is judged at the full budget (study/grid.py): by a steps-to-level primary, or by the
+  final validation loss, on the whole split with `grid_by_primary` (the primary a loss study
+  compares on).
 
 The runner pins what the in-process study decided (lr, grid steps and seed, overrides) on each
 child's command line, so a child that loads the study file afresh trains exactly that point.
@@ -84,6 +86,10 @@ class Study:
   # The one metric named before the run (its family: one comparison per variant), and the few
   # pre-named secondary metrics (one family, Holm within it). Every other metric is descriptive.
   primary: str = "steps_to_90"
+  # A pre-named 2 x 2: ((factor A, factor B), (cell with neither, A only, B only, both)). The
+  # report gives its four means, both main effects and the interaction, seed by seed with
+  # intervals, beside the primary family.
+  factorial: tuple[tuple[str, str], tuple[str, str, str, str]] | tuple[()] = ()
   secondary: tuple[str, ...] = ()
   # A study whose primary family cannot reach p < 0.05 runs only when marked exploratory.
   exploratory: bool = False
@@ -95,6 +101,10 @@ class Study:
   lr_grid_seeds: tuple[int, ...] = (1000, 1001)
   lr_grid_extend: int = 2  # at most this many points added beyond either end of the grid
   lr_grid_size: str = ""  # with sizes: run the grid at this size only and use its lr at every size
+  # A loss primary: True evaluates each grid run as a compared run is (the whole validation
+  # split) and judges the grid by the primary; False judges it by the training-time validation
+  # loss (`final_loss`, train.eval_batches rows), as the LM and Table 6 studies did.
+  grid_by_primary: bool = False
   eval_rows: int = 512  # eval-split rows per task slice
   attention_rows: int = 32
   ar_hit_context: int = 1  # text: tokens before a target in an AR-hit n-gram (evaluation/loss.py)
@@ -256,6 +266,11 @@ class Study:
   @functools.cached_property
   def is_task(self) -> bool:
     return self.get_config(self.points()[0]).data.name in synthetic.TASKS
+
+  @property
+  def grid_metric(self) -> str:
+    """What the grid's loss score reads from a grid record."""
+    return self.primary if self.grid_by_primary and not self.level else "final_loss"
 
   def families(self) -> dict[str, int]:
     """{family: number of comparisons}: the primary and the pre-named secondaries."""

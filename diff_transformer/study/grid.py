@@ -4,7 +4,8 @@ budget, on grid seeds no compared run uses, and bracketed.
 - Score of an lr (over its grid seeds): for a steps-to-level primary, the most runs that reached
   the level, then the fewest steps (a run that never reached it counts at its last step), then
   the lowest final loss (which separates runs that all stayed below the level); for a loss
-  primary, the mean final validation loss. An lr whose every run failed (diverged) scores worst.
+  primary, the mean final validation loss (Study.grid_metric: on the whole validation split
+  with grid_by_primary, else on the training-time evaluation's rows). An lr whose every run failed (diverged) scores worst.
 - Bracketed: the chosen lr has a tried lr on each side, the lower one working (the upper one may
   have diverged: divergence bounds the lr from above). At an end of the grid, the grid grows one
   point that way (the grid's ratio) and is judged again, up to `lr_grid_extend` points per side;
@@ -32,7 +33,8 @@ def score(study: Study, runs: list[dict]) -> tuple:
   ok = [r for r in runs if not r.get("failed")]
   if not ok:
     return (math.inf,) * 3
-  loss = float(np.mean([r["final_loss"] for r in ok])) if len(ok) == len(runs) else math.inf
+  loss = (float(np.mean([r[study.grid_metric] for r in ok])) if len(ok) == len(runs)
+          else math.inf)
   if not study.level:
     return (loss,)
   reached = sum(bool(r["reached"]) for r in ok)
@@ -105,7 +107,7 @@ def tune(study: Study, run_points: Callable[[list[str]], dict[str, dict]], floor
                               for p in ps} for lr, ps in points[cell].items()} for cell in points}
   return dict(lrs=list(study.lr_grid), seeds=list(study.lr_grid_seeds),
               steps=study.get_config(study.grid_points()[0]).train.steps,
-              metric=study.primary if study.level else "final_loss", floor=floor, table=table,
+              metric=study.primary if study.level else study.grid_metric, floor=floor, table=table,
               decisions=decisions,
               chosen={c: d["chosen"] for c, d in decisions.items()})
 
@@ -118,6 +120,8 @@ def _primary(study: Study, record: dict | None) -> dict | None:
   if record.get("failed"):
     return dict(failed=record["failed"])
   out = dict(final_loss=record["final_loss"], val_accuracy=record.get("val_accuracy"))
+  if study.grid_metric != "final_loss":
+    out[study.grid_metric] = record[study.grid_metric]
   if record.get("tail_fall") is not None:  # text: the share of its fall made in the last 20%
     out["tail_fall"] = record["tail_fall"]
   if study.level:

@@ -96,7 +96,7 @@ def run(study: Study, study_file: str, root: str | Path, results: str | Path | N
                                 train, retrain, population, grid=True).items():
         if p not in status or why != "recorded":  # a grown grid's second round keeps "ran"
           status[p] = why
-      found = {p: records.read(results, p, point_setting(study, p), grid=True) for p in points}
+      found = {p: _grid_read(study, results, p, point_setting(study, p)) for p in points}
       return {p: r for p, r in found.items() if r is not None}
     grid = lr_grid.tune(study, run_grid, trained_floor(study))
     write_atomic(results / "lr_grid.json", json.dumps(grid, indent=1) + "\n")
@@ -118,7 +118,8 @@ def _run_points(study: Study, study_file: str, root: Path, results: Path, points
   refused first) and recorded; a finished run without a record is recorded without training."""
   lrs = lrs or {}
   settings = {p: point_setting(study, p, lrs.get(p)) for p in points}
-  status = {p: "recorded" for p in points if records.read(results, p, settings[p], grid=grid)}
+  read = functools.partial(_grid_read, study) if grid else records.read
+  status = {p: "recorded" for p in points if read(results, p, settings[p])}
   todo = [p for p in points if p not in status]
   if not train:
     return dict(status, **{p: "not run (report only)" for p in todo})
@@ -144,6 +145,16 @@ def _run_points(study: Study, study_file: str, root: Path, results: Path, points
   return status
 
 
+def _grid_read(study: Study, results: Path, point: str, setting: dict) -> dict | None:
+  """A grid point's record, if it holds what the grid judges by (a diverged run always does): a
+  record made before grid_by_primary lacks the whole-split loss, and its run is evaluated (or
+  retrained where its workdir is gone)."""
+  record = records.read(results, point, setting, grid=True)
+  if record is None or record.get("failed") or study.grid_metric in record:
+    return record
+  return None
+
+
 def trained_a_step(workdir: Path) -> bool:
   """Whether the run logged a training step (its failure, if any, is then one of training)."""
   return any(r.get("kind") == "train" for r in RunFolder(workdir).metric_rows())
@@ -162,6 +173,10 @@ def _grid_point_record(study: Study, point: str, workdir: Path, results: Path, c
     return
   summary, rows = folder.read_summary() or {}, folder.metric_rows()
   out |= _program(summary)
+  if study.grid_metric != "final_loss":  # evaluated as a compared run is, and its metrics kept
+    _evaluate(study, workdir)
+    out |= {k: v for k, v in _record(study, point, workdir, config).items()
+            if k not in out and k not in ("curve", "variant", "size")}
   points = run_metrics.curve(rows, "val_accuracy" if study.level else "val_loss")
   unigram = summary.get("unigram_entropy")
   out.update(steps=summary.get("step"), final_loss=summary.get("val_loss"),
@@ -177,6 +192,12 @@ def _grid_point_record(study: Study, point: str, workdir: Path, results: Path, c
 def _point_record(study: Study, point: str, workdir: Path, results: Path, config,
                   setting: dict) -> None:
   """Evaluates a finished compared run at its last step (if not yet) and writes its record."""
+  _evaluate(study, workdir)
+  records.write(results, point, _record(study, point, workdir, config), setting)
+
+
+def _evaluate(study: Study, workdir: Path) -> None:
+  """The study's suites on a finished run at its last step (once)."""
   names = suites(study)
   step = (RunFolder(workdir).read_summary() or {}).get("step")
   if not _evaluated(workdir, step, names):
@@ -184,7 +205,6 @@ def _point_record(study: Study, point: str, workdir: Path, results: Path, config
                         ar_hit_context=study.ar_hit_context,
                         seed=1234)  # the same eval rows for every run
     evaluate(workdir, list(names), step=step, settings=settings)
-  records.write(results, point, _record(study, point, workdir, config), setting)
 
 
 def _record(study: Study, point: str, workdir: Path, config) -> dict:

@@ -58,12 +58,16 @@ def lambda_init(layer: int) -> float:
   return 0.8 - 0.6 * np.exp(-0.3 * layer)
 
 
-def diff_v1(x_BTD, w, *, h, K, d, layer, seg=None, theta=1e4, subln=True, shared=False):
-  """DIFF V1 (or Shared DIFF with shared=True) attention sub-layer, float64."""
+def diff_v1(x_BTD, w, *, h, K, d, layer, seg=None, theta=1e4, subln=True, shared=False,
+            lam_init=None, out_scale=None):
+  """DIFF V1 (or Shared DIFF with shared=True) attention sub-layer, float64. lam_init: a constant
+  lambda_init instead of the layer rule; out_scale: the multiplier after the sub-layer norm, a
+  number or "layer_rule" (1 - the layer rule's lambda_init), instead of (1 - lambda_init)."""
   B, T, _ = x_BTD.shape
   pos = np.arange(T, dtype=np.float64)
+  lam0 = lambda_init(layer) if lam_init is None else lam_init
   lam = (np.exp(np.sum(w["lambda_q1"] * w["lambda_k1"]))
-         - np.exp(np.sum(w["lambda_q2"] * w["lambda_k2"])) + lambda_init(layer))
+         - np.exp(np.sum(w["lambda_q2"] * w["lambda_k2"])) + lam0)
   out = np.zeros((B, T, h * 2 * d))
   for b in range(B):
     x = x_BTD[b]
@@ -87,7 +91,8 @@ def diff_v1(x_BTD, w, *, h, K, d, layer, seg=None, theta=1e4, subln=True, shared
       head = (a1 - lam * a2) @ v[:, g]
       if subln:
         head = head / np.sqrt(np.mean(head ** 2, -1, keepdims=True) + EPS) * w["subln_scale"]
-        head = head * (1 - lambda_init(layer))
+        head = head * ((1 - lam0) if out_scale is None else
+                       (1 - lambda_init(layer)) if out_scale == "layer_rule" else out_scale)
       out[b, :, i * 2 * d:(i + 1) * 2 * d] = head
   return out @ w["wo/kernel"]
 
@@ -112,7 +117,7 @@ def diff_v2(x_BTD, w, *, h, K, d, seg=None, theta=1e4, pairing="interleaved", la
   return out @ w["wo/kernel"]
 
 
-def transformer(x_BTD, w, *, N, K, d, seg=None, theta=1e4, head_norm=False):
+def transformer(x_BTD, w, *, N, K, d, seg=None, theta=1e4, head_norm=False, out_scale=None):
   B, T, _ = x_BTD.shape
   pos = np.arange(T, dtype=np.float64)
   out = np.zeros((B, T, N * d))
@@ -127,5 +132,6 @@ def transformer(x_BTD, w, *, N, K, d, seg=None, theta=1e4, head_norm=False):
       head = softmax_map(q[:, n], k[:, g], ok, d ** -0.5) @ v[:, g]
       if head_norm:  # per-head RMSNorm, one gain for all heads
         head = head / np.sqrt(np.mean(head ** 2, -1, keepdims=True) + EPS) * w["head_norm_scale"]
+        head = head * (1.0 if out_scale is None else out_scale)
       out[b, :, n * d:(n + 1) * d] = head
   return out @ w["wo/kernel"]

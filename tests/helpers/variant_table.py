@@ -44,10 +44,16 @@ class Entry:
   tolerance: float = 1e-5
 
 
+def _out_scale(s: ModelSpec):
+  """The oracle's out_scale: None for the rule, else the number or the rule's name."""
+  return None if s.norm_out_scale == "rule" else s.fixed_norm_out_scale or s.norm_out_scale
+
+
 def _diff_v1(shared: bool):
   def oracle(s, w, x, seg, layer):
     return ref.diff_v1(x, w, h=s.num_heads, K=s.kv_heads, d=s.head_dim, layer=layer, seg=seg,
-                       subln=s.subln, shared=shared)
+                       subln=s.subln, shared=shared, lam_init=s.lambda_init,
+                       out_scale=_out_scale(s))
   return oracle
 
 
@@ -80,7 +86,8 @@ TABLE: dict[str, Entry] = {
         numerics=(8, 8),
         oracle=lambda s, w, x, seg, layer: ref.transformer(x, w, N=s.num_heads, K=s.kv_heads,
                                                            d=s.head_dim, seg=seg,
-                                                           head_norm=s.head_norm),
+                                                           head_norm=s.head_norm,
+                                                           out_scale=_out_scale(s)),
         attention_params=lambda s: (2 * s.d_model * s.num_heads * s.head_dim
                                     + 2 * s.d_model * s.kv_heads * s.head_dim),
         cache=_one_key_one_value, learning_heads=(4, 2),

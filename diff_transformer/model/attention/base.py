@@ -59,6 +59,8 @@ class Attention(nnx.Module):
   hf_target: str | None = None
   # Whether model.head_norm (a per-head RMSNorm of the attention output) applies.
   has_head_norm = False
+  # The named rules model.norm_out_scale takes here (a positive number always applies).
+  norm_out_rules: tuple[str, ...] = ("rule",)
 
   def __init__(self, spec: ModelSpec, layer_idx, *, rngs: nnx.Rngs):
     del layer_idx, rngs
@@ -82,6 +84,12 @@ class Attention(nnx.Module):
   def query_heads(cls, spec: ModelSpec) -> int:
     """Query heads per kernel map; the kv heads must divide them (GQA groups)."""
     return spec.num_heads
+
+  @classmethod
+  def has_output_norm(cls, spec: ModelSpec) -> bool:
+    """Whether this spec normalises each head's output (where model.norm_out_scale applies)."""
+    del spec
+    return False
 
   @classmethod
   def check(cls, spec: ModelSpec) -> None:
@@ -163,6 +171,12 @@ class Attention(nnx.Module):
 
   def _rope(self, x_BTNH: Array, positions_BT: Array) -> Array:
     return rope(x_BTNH, positions_BT, self.spec.rope_theta, self.spec.rope_pairs)
+
+  def _norm_out_scale(self, rule) -> Array:
+    """The multiplier after the per-head norm: the variant's `rule`, or model.norm_out_scale's
+    fixed number."""
+    fixed = self.spec.fixed_norm_out_scale
+    return rule if fixed is None else jnp.asarray(fixed, jnp.float32)
 
   def _merge(self, o_BTNH: Array) -> Array:
     return o_BTNH.reshape(*o_BTNH.shape[:2], math.prod(o_BTNH.shape[2:]))

@@ -5,7 +5,7 @@
   reads key group i // (h / h_kv) for both K1 and K2 (the kernel contract's g(n)).
 - lambda = exp(lq1 . lk1) - exp(lq2 . lk2) + lambda_init, one float32 scalar per layer.
 - Sub-layer norm: RMSNorm over each head's 2d vector with one (2d,) gain shared by all heads,
-  times (1 - lambda_init).
+  times (1 - lambda_init), or as model.norm_out_scale says.
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from diff_transformer.sharding import EMBED, HEADS, HEAD_DIM, KV_HEADS, NORM
 
 class DiffAttention(Attention):
   map_name = "A1 - lambda A2"
+  norm_out_rules = ("rule", "layer_rule")
   hf_target = "diff_llama"  # Shared DIFF too: its low-rank factors are materialised
 
   def __init__(self, spec, layer_idx, *, rngs: nnx.Rngs):
@@ -37,6 +38,8 @@ class DiffAttention(Attention):
     self.lambda_init = LayerConstant(lambda_init_value(layer_idx, spec.lambda_init))
     if spec.subln:
       self.subln_scale = Gain(jnp.ones((2 * d,), jnp.float32), out_sharding=(NORM,))
+    if spec.norm_out_scale == "layer_rule":  # the default model's multiplier, whatever lambda is
+      self.norm_out_rule = LayerConstant(1.0 - lambda_init_value(layer_idx, None))
 
   @classmethod
   def cache_layout(cls, spec):
@@ -54,6 +57,10 @@ class DiffAttention(Attention):
       raise ConfigError(f"model.head_dim: 2 * num_heads * head_dim = "
                         f"{2 * spec.num_heads * spec.head_dim} must equal d_model = {spec.d_model}"
                         f"{cls.heads_fix(spec)}")
+
+  @classmethod
+  def has_output_norm(cls, spec):
+    return spec.subln
 
   @classmethod
   def attention_flops(cls, spec, seq_len):
@@ -88,6 +95,8 @@ class DiffAttention(Attention):
 
   def output(self, o_BTNH, p):
     if self.spec.subln:
-      o_BTNH = rms_normalize(o_BTNH, self.subln_scale[...]) * (1.0 - self.lambda_init[...])
+      rule = (self.norm_out_rule[...] if self.spec.norm_out_scale == "layer_rule"
+              else 1.0 - self.lambda_init[...])
+      o_BTNH = rms_normalize(o_BTNH, self.subln_scale[...]) * self._norm_out_scale(rule)
       o_BTNH = o_BTNH.astype(self.spec.compute_dtype)
     return self.wo(self._merge(o_BTNH))

@@ -24,6 +24,10 @@ class TransformerAttention(Attention):
     if spec.head_norm:
       self.head_norm_scale = Gain(jnp.ones((H,), jnp.float32), out_sharding=(NORM,))
 
+  @classmethod
+  def has_output_norm(cls, spec):
+    return spec.head_norm
+
   def project(self, x_BTD, positions_BT) -> Projected:
     s = self.spec
     q_BTNH = self._rope(self._heads(self.wq(x_BTD), s.num_heads), positions_BT)
@@ -32,5 +36,6 @@ class TransformerAttention(Attention):
 
   def output(self, o_BTNH, p):
     if self.spec.head_norm:
-      o_BTNH = rms_normalize(o_BTNH, self.head_norm_scale[...]).astype(self.spec.compute_dtype)
+      o_BTNH = rms_normalize(o_BTNH, self.head_norm_scale[...]) * self._norm_out_scale(1.0)
+      o_BTNH = o_BTNH.astype(self.spec.compute_dtype)
     return self.wo(self._merge(o_BTNH))
