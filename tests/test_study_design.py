@@ -143,6 +143,32 @@ def test_the_grid_is_judged_by_the_primary_and_grows_until_bracketed():
   assert lr_grid.decide(study, split, floor=0.38)["chosen"] == 2e-3
 
 
+def test_a_loss_grid_is_judged_by_the_whole_split_loss_with_grid_by_primary(tmp_path):
+  """grid_by_primary: the grid chooses by the primary (here the opposite of final_loss), and a
+  grid record without it (made before) is not reused; a diverged run's record still is."""
+  from configs.studies import lm_scale
+  from diff_transformer.study import runner
+  study = lm_scale.STUDY
+  assert study.grid_metric == "loss" and dataclasses.replace(
+      study, grid_by_primary=False).grid_metric == "final_loss"
+  runs = {lr: [dict(lr=lr, seed=s, budget=10, final_loss=2.0 - lr * 100, loss=1.5 + abs(lr - 4e-3),
+                    unigram_entropy=3.3) for s in (1000, 1001)] for lr in study.lr_grid}
+  assert lr_grid.decide(study, runs, floor=float("nan"))["chosen"] == 4e-3
+  old = dataclasses.replace(study, grid_by_primary=False)
+  assert lr_grid.decide(old, runs, floor=float("nan"))["chosen"] == 6e-3
+  point = "diff-lr0.004-s1000"
+  config = study.get_config(point)
+  records.write(tmp_path, point, dict(runs[4e-3][0], final_loss=1.7), setting(config), grid=True)
+  assert runner._grid_read(old, tmp_path, point, setting(config))["final_loss"] == 1.7
+  kept = dict(runs[4e-3][0])
+  kept.pop("loss")
+  records.write(tmp_path, point, kept, setting(config), grid=True)
+  assert runner._grid_read(study, tmp_path, point, setting(config)) is None
+  records.write(tmp_path, point, dict(lr=4e-3, seed=1000, failed="diverged"), setting(config),
+                grid=True)
+  assert runner._grid_read(study, tmp_path, point, setting(config))["failed"] == "diverged"
+
+
 def test_still_rising_counts_the_headroom_and_the_level():
   nearly_done = [(800, 0.98), (1000, 0.997)]  # rose 0.017 but had only 0.02 left
   assert not run_metrics.still_rising(nearly_done, ceiling=1.0)

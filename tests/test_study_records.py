@@ -202,6 +202,29 @@ def test_a_refused_record_write_keeps_the_records_before_it(tmp_path, monkeypatc
   assert not list(records.path(tmp_path, "b").parent.glob(".*tmp*"))
 
 
+def test_settings_compare_with_todays_defaults_removed(monkeypatch):
+  """An option added with its default leaves every committed record matching (no table of added
+  options); a changed default, or a record naming a key away from it, is a difference naming
+  the key."""
+  from diff_transformer.runs import record as run_record
+  from configs.studies import lm_table6
+  committed = ROOT / "docs" / "results" / "study_lm_table6" / "records"
+  recorded = json.loads((committed / "diff-s0.json").read_text())
+  expected = setting(lm_table6.STUDY.resolved_config("diff-s0", recorded["lr"]))
+  assert run_record.differences(expected, recorded["setting"]) == []
+  today = run_record.defaults()
+  added = dict(today, **{"model.new_knob": 1.5})  # an option added later, at its default
+  monkeypatch.setattr(run_record, "defaults", lambda: added)
+  assert run_record.differences(dict(expected, **{"model.new_knob": 1.5}),
+                                recorded["setting"]) == []
+  assert run_record.differences(dict(expected, **{"model.new_knob": 2.0}), recorded["setting"]
+                                ) == [("model.new_knob", 1.5, 2.0)]
+  changed = dict(today, **{"model.subln": False})  # a default changed: old records differ
+  monkeypatch.setattr(run_record, "defaults", lambda: changed)
+  assert run_record.differences({k: v for k, v in expected.items() if k != "model.subln"},
+                                recorded["setting"]) == [("model.subln", True, False)]
+
+
 @pytest.mark.parametrize("name", ["lm", "lm_table6", "retrieval"])
 def test_committed_studies_rebuild_from_their_records_unchanged(tmp_path, name):
   """Every committed record still matches its point's setting (an option added to the config
