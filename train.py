@@ -20,7 +20,9 @@ cli.default_platform()
 from absl import flags, logging  # noqa: E402
 
 from diff_transformer import params  # noqa: E402
-from diff_transformer.errors import ConfigError, read_json  # noqa: E402
+from diff_transformer.errors import ConfigError  # noqa: E402
+from diff_transformer.files import read_json  # noqa: E402
+from diff_transformer.mesh import request_determinism  # noqa: E402
 from diff_transformer.model.spec import ModelSpec  # noqa: E402
 
 cli.define_config()
@@ -49,8 +51,9 @@ def dry_run(config) -> dict:
 def population(path: str) -> None:
   """The members of a members file trained as one program; exit status 1 names the members
   that failed (each one's log says why), the others are finished runs."""
-  listing = read_json(Path(path), ConfigError)
+  listing = read_json(Path(path), ConfigError, "members file")
   members = [cli.config_from_args(m["args"]) for m in listing["members"]]
+  request_determinism(any(c.train.deterministic for c, _ in members))
   # orbax, grain and the trainer load only to train (as in main)
   from diff_transformer.training.population_loop import train_population
   summaries = train_population([c for c, _ in members], [w for _, w in members],
@@ -74,6 +77,7 @@ def main(argv):
   if FLAGS.dry_run:
     dry_run(config)
     return
+  request_determinism(config.train.deterministic)
   # orbax, grain and the trainer load only to train (a --dry_run counts without them)
   from diff_transformer.training import initialize_distributed, train
   initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)

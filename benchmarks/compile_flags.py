@@ -90,6 +90,7 @@ def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__)
   parser.add_argument("--rounds", type=int, default=3)
   parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+  parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "compile_flags.json"))
   args = parser.parse_args()
   if args.child:
     os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
@@ -117,7 +118,7 @@ def main() -> None:
   for r in results:
     print(f"{r['setting']:<48} {r['backend_compile_s']:>10.1f} "
           f"{r['jaxpr_trace_s'] + r['jaxpr_to_mlir_module_s']:>14.1f} {r['run_s']:>13.2f}")
-  path = ROOT / "benchmarks" / "results" / "compile_flags.json"
+  path = Path(args.out)
   path.write_text(json.dumps(dict(machine=platform.processor() or platform.machine(),
                                   cores=os.cpu_count(), rounds=args.rounds, results=results),
                              indent=1) + "\n")

@@ -43,12 +43,14 @@ def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__)
   parser.add_argument("--rows", type=int, default=256)
   parser.add_argument("--repeats", type=int, default=20)
+  parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" /
+                                           "synthetic_throughput.json"))
   args = parser.parse_args()
   results = [measure(p, args.rows, args.repeats) for p in presets.TASKS]
   for r in results:
     print(f"{r['task']:>11} T={r['seq_len']:<4} train {r['train_tokens_per_s'] / 1e6:6.1f}M "
           f"tokens/s  eval split {r['val_tokens_per_s'] / 1e6:6.1f}M tokens/s")
-  path = ROOT / "benchmarks" / "results" / "synthetic_throughput.json"
+  path = Path(args.out)
   path.write_text(json.dumps(dict(machine=platform.processor() or platform.machine(),
                                   results=results), indent=1) + "\n")
   print(f"wrote {path}")

@@ -14,7 +14,8 @@ tokens/s over the Transformer's in the same round, reported as median and range 
 MFU = model FLOPs (training/metrics.py) / the per-device peak (training/peak.py: measured and
 cached on a host without a table entry); HFU counts the FLOPs the chosen kernel executes. The
 load average is recorded per round. Writes benchmarks/results/throughput.json and
-docs/results/throughput/ratio.png and regenerates the README block (tools/readme_tables.py).
+docs/results/throughput/ratio.png and regenerates the README block (tools/readme_tables.py);
+with --out elsewhere, the JSON and the plot beside it only.
 Full run 42 minutes on a shared 2-core CPU (load 2-9), --quick roughly a quarter.
 """
 from __future__ import annotations
@@ -176,11 +177,14 @@ def main() -> None:
   p.add_argument("--variants", default=",".join(VARIANTS))
   p.add_argument("--quick", action="store_true", help="T = 256,512, 3 rounds, 2 steps")
   p.add_argument("--out", default=str(OUT_JSON))
-  p.add_argument("--plot", default=str(OUT_PLOT))
+  p.add_argument("--plot", default="", help="default: the committed figure with the default "
+                 "--out, else beside --out (a run told where to write writes nowhere else)")
   p.add_argument("--no_readme", action="store_true")
   args = p.parse_args()
   if args.quick:
     args.seq_lens, args.rounds, args.steps = "256,512", 3, 2
+  args.plot = args.plot or str(OUT_PLOT if Path(args.out) == OUT_JSON
+                               else Path(args.out).with_suffix(".png"))
   args.variants = args.variants.split(",")
   if args.variants[0] != "transformer" or set(args.variants) - set(VARIANTS):
     p.error(f"--variants: the first must be transformer (the baseline), then any of {VARIANTS}")

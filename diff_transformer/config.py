@@ -101,6 +101,10 @@ def base_config() -> ml_collections.ConfigDict:
       # validation accuracy reaches this level; 0 = off. Studies timing steps to a level use it.
       stop_at_val_accuracy=0.0,
       peak_tflops=0.0,  # per-device peak for MFU; 0 = look up the device kind
+      # GPU: XLA's deterministic ops (--xla_gpu_deterministic_ops, which also governs the cuDNN
+      # attention backward XLA runs; jax's cuDNN entry has no switch of its own), so a resumed
+      # run can repeat bit for bit at some cost. Set before the backend starts (train.py).
+      deterministic=False,
   ))
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
   c.source = ""  # where the numbers come from and where they deviate

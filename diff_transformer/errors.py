@@ -7,10 +7,6 @@ and exits with status 2. The four kinds below, and the interop, AOT and sweep er
 """
 from __future__ import annotations
 
-import json
-from pathlib import Path
-from typing import Any
-
 
 class UserError(Exception):
   """Bad input or state the user can act on; the message is one line naming the field or file."""
@@ -53,13 +49,3 @@ def last_line(e: BaseException) -> str:
   """The innermost cause (config and restore errors chain their context above it)."""
   lines = message_lines(e)
   return lines[-1] if lines else type(e).__name__
-
-
-def read_json(path: str | Path, error: type[UserError] = UserError) -> Any:
-  """A JSON file's content; a damaged or unreadable file raises `error` naming it and where."""
-  try:
-    return json.loads(Path(path).read_text())
-  except json.JSONDecodeError as e:
-    raise error(f"{path}: damaged JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
-  except (OSError, UnicodeDecodeError) as e:
-    raise error(f"{path}: cannot read ({getattr(e, 'strerror', None) or e})") from None

@@ -18,6 +18,22 @@ from diff_transformer.model.spec import ModelSpec
 from diff_transformer.sharding import BATCH, LENGTH, MESH_AXES, logical_to_spec
 
 
+DETERMINISTIC_FLAG = "--xla_gpu_deterministic_ops=true"
+
+
+def request_determinism(deterministic: bool) -> bool:
+  """train.deterministic: XLA's deterministic-ops flag in XLA_FLAGS, which XLA reads when the
+  backend starts (so before any device is touched). Returns whether the flag was added."""
+  flags = os.environ.get("XLA_FLAGS", "")
+  if not deterministic or DETERMINISTIC_FLAG in flags.split():
+    return False
+  if jax._src.xla_bridge.backends_are_initialized():  # pylint: disable=protected-access
+    raise TrainError("train.deterministic: the device backend already started; set it on "
+                     "train.py's command line or in XLA_FLAGS before jax starts")
+  os.environ["XLA_FLAGS"] = f"{flags} {DETERMINISTIC_FLAG}".strip()
+  return True
+
+
 def detect_cluster() -> str | None:
   """The cluster kind jax.distributed.initialize() can configure itself from, if any."""
   env = os.environ

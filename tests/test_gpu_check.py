@@ -64,3 +64,18 @@ def test_profile_sums_each_variants_kernels_by_class(results):
     assert c["step_ms"] > 0 and c["kernels"] and set(c["ms"]) <= {*profile["classes"]}
     assert c["busy_ms"] == pytest.approx(sum(c["ms"].values()), abs=0.01)
   assert set(profile["extra_ms_vs_transformer"]) == {"diff", "shared_diff", "diff_v2"}
+
+
+@pytest.mark.parametrize("stages,status,words", [
+    ("env", 2, "error: GPU_CHECK_STAGES entry 'env' is not stage:seconds"),
+    ("env:40 bogus:10", 2, "entry 'bogus:10' is not stage:seconds"),
+    ("env:1", 1, "error: stages failed or hit their cap: env"),  # env takes seconds: capped
+])
+def test_a_malformed_stage_is_named_before_any_runs_and_a_failed_stage_fails_the_command(
+    tmp_path, stages, status, words):
+  import os
+  proc = subprocess.run(["bash", "tools/gpu_check.sh", "--cpu", str(tmp_path)], cwd=ROOT,
+                        capture_output=True, text=True, timeout=120,
+                        env={**os.environ, "GPU_CHECK_STAGES": stages})
+  assert proc.returncode == status and words in proc.stderr, proc.stdout + proc.stderr
+  assert ("== env exit status 124" in proc.stdout) == (status == 1)  # refused: nothing ran

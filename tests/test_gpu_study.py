@@ -1,5 +1,5 @@
 """The GPU study command's CPU mode (tools/gpu_study.sh --cpu): a study stopped at its deadline
-exits 0 with a tarball of what it recorded; a later call on the same results folder finishes
+exits 0 with a tarball of what it recorded (a refused one exits with the study's status 2); a later call on the same results folder finishes
 and its tarball holds the records, so the command a lent GPU runs cannot rot between GPU
 sessions."""
 from __future__ import annotations
@@ -15,12 +15,12 @@ from tests.helpers.studies import TINY_STUDY
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def gpu_study(tmp_path: Path, seconds: int, *flags: str) -> tuple[str, set[str]]:
+def gpu_study(tmp_path: Path, seconds: int, *flags: str, status: int = 0) -> tuple[str, set[str]]:
   out = tmp_path / f"out{seconds}"
   proc = subprocess.run(["bash", "tools/gpu_study.sh", "--cpu", str(seconds),
                          str(tmp_path / "study_tiny"), *flags], cwd=ROOT, capture_output=True,
                         text=True, timeout=600, env={**os.environ, "OUT": str(out)})
-  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  assert proc.returncode == status, proc.stdout[-3000:] + proc.stderr[-3000:]
   with tarfile.open(out / "study.tar.gz") as tar:
     names = set(tar.getnames())
   return proc.stdout, names
@@ -40,3 +40,9 @@ def test_a_study_stopped_at_its_deadline_exits_0_and_a_later_call_finishes_into_
   assert not any(n.endswith("driver.lock") for n in names)
   record = json.loads((tmp_path / "study_tiny/records/transformer-s0.json").read_text())
   assert record["steps"] == 4
+
+
+def test_a_refused_study_fails_the_command_and_still_packs_the_folder(tmp_path):
+  stdout, names = gpu_study(tmp_path, 60, f"--study={tmp_path / 'nowhere.py'}", status=2)
+  assert "== study exit status 2" in stdout and "== 0 records" in stdout
+  assert "study_tiny" in names

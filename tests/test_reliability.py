@@ -355,7 +355,8 @@ def test_lm_eval_adapter_refuses_what_it_cannot_serve_in_one_line(tmp_path, args
   for name, data in (("run", "shakespeare"), ("task_run", "mqar")):
     (tmp_path / name / "checkpoints" / "4").mkdir(parents=True)
     (tmp_path / name / "checkpoints" / "8").mkdir()
-    (tmp_path / name / "config.json").write_text(json.dumps(dict(data=dict(name=data))))
+    (tmp_path / name / "config.json").write_text(
+        json.dumps(dict(model={}, data=dict(name=data), train={})))
   paths = dict(run=tmp_path / "run", task_run=tmp_path / "task_run", tmp=tmp_path)
   with pytest.raises(ValueError) as e:
     check_model_args(["--model_args", args.format(**paths), "--tasks", "piqa"])

@@ -366,6 +366,13 @@ CELL_REFUSALS = {  # a badly made derived cell or pair -> the words of its one-l
                           "must end at a registered variant"),
     "lr_parent_not_compared": (dict(derived=(("a", "diff"),), variants=("transformer", "a")),
                                "trains at the lr of 'diff', which is not compared here"),
+    "overrides_without_outer_tuple": (
+        dict(derived=(("t@h2", "transformer", ("model.num_heads", 2)),),
+             variants=("transformer", "t@h2")),
+        "derived cell 't@h2': overrides must be a tuple of (key, value) pairs"),
+    "factorial_unknown_cell": (
+        dict(factorial=(("a", "b"), ("transformer", "diff", "diff_v2", "nope"))),
+        "factorial must be ((factor A, factor B), (4 distinct compared cells"),
     "pair_unknown": (dict(comparisons=(("diff", "nope"),)), "must be two distinct names"),
     "pair_repeated": (dict(comparisons=(("diff", "transformer"), ("diff", "transformer"))),
                       "comparisons repeat a pair"),
@@ -443,3 +450,23 @@ def test_the_width_study_is_parameter_matched_at_every_width_with_v1s_heads_by_s
     v1 = configs["transformer@v1heads"].model
     assert (v1.num_heads, v1.head_dim) == (configs["diff"].model.num_heads, 64)
     assert configs["transformer"].model.d_model == int(size)
+
+
+def test_the_pre_named_two_by_two_gives_main_effects_and_interaction_seed_by_seed():
+  """Cell means 1.0 / 0.9 / 0.95 / 0.8 plus a per-seed offset: scale -0.125, lambda -0.075,
+  interaction -0.05, exactly, on the seeds all four cells ran (seed 2 lacks one cell)."""
+  from configs.studies import lm_scale
+  from diff_transformer.study import factorial
+  study = lm_scale.STUDY
+  means = dict(zip(study.factorial[1], (1.0, 0.9, 0.95, 0.8)))
+  runs = [dict(variant=c, seed=s, size="", loss=m + 0.01 * s) for s in range(3)
+          for c, m in means.items() if (s, c) != (2, "diff")]
+  got = factorial.effects(study, runs)
+  assert got["seeds"] == [0, 1]
+  effects = {k: e["mean_diff"] for k, e in got["effects"].items()}
+  assert effects == pytest.approx({"main effect of output scale 0.2": -0.125,
+                                   "main effect of lambda_init 0.8": -0.075,
+                                   "interaction": -0.05})
+  text = "\n".join(factorial.report(dict(factorial=got, study=dict(primary="loss"))))
+  assert "| lambda_init 0.8: yes | diff@lambda0.8scalerule: 0.955" in text
+  assert "| interaction | -0.050" in text

@@ -162,3 +162,27 @@ def test_diff_v2_lambda_metric_is_the_forwards_weighted_mean(micro_batches):
   expected_L = (lam_LBTN * weights_BT[None, :, :, None]).sum((1, 2, 3)) / (weights_BT.sum() * 2)
   _, metrics = trainer.train_step(state, batch)
   np.testing.assert_allclose(np.asarray(metrics["layers"]["lambda"]), expected_L, rtol=1e-5)
+
+
+def test_deterministic_training_asks_xla_before_the_backend_starts(monkeypatch):
+  """train.deterministic adds XLA's deterministic-ops flag once, before any device is touched;
+  once the backend has started it is refused in one line (the flag would be ignored)."""
+  import os
+  import subprocess
+  import sys
+  from pathlib import Path
+  import jax
+  from diff_transformer.errors import TrainError
+  from diff_transformer.mesh import request_determinism
+  code = ("import os; from diff_transformer.mesh import request_determinism as r; "
+          "print(r(False), r(True), r(True), os.environ['XLA_FLAGS'])")
+  root = Path(__file__).resolve().parents[1]
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
+                       env=dict(env, JAX_PLATFORMS="cpu", PYTHONPATH=str(root)), check=True)
+  assert out.stdout.split() == ["False", "True", "False", "--xla_gpu_deterministic_ops=true"]
+  jax.devices()  # the backend has started in this process
+  monkeypatch.delenv("XLA_FLAGS", raising=False)
+  with pytest.raises(TrainError, match="train.deterministic: the device backend already started"):
+    request_determinism(True)
+  assert not request_determinism(False)

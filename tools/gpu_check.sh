@@ -33,9 +33,19 @@ fi
 if [[ -n "${GPU_CHECK_STAGES:-}" ]]; then  # e.g. "correctness:100 decode:60" for a rerun
   read -r -a CAPS <<< "$GPU_CHECK_STAGES"
 fi
+KNOWN=" env decode correctness kernels train profile tests "
+for entry in "${CAPS[@]}"; do  # every entry checked before any stage runs
+  IFS=: read -r stage cap extra <<< "$entry"
+  if [[ "$KNOWN" != *" $stage "* || ! "$cap" =~ ^[1-9][0-9]*$ ]]; then
+    echo "error: GPU_CHECK_STAGES entry '$entry' is not stage:seconds[:ARG+ARG...] with a stage among" \
+      "${KNOWN% } and a positive number of seconds" >&2
+    exit 2
+  fi
+done
 OUT_DIR="${1:-${OUT:-benchmarks/results}}"
 mkdir -p "$OUT_DIR"
 gpu_env /tmp/gpu_check_jax_cache "$([[ ${#MODE[@]} -gt 0 ]] && echo cpu)" || exit 1
+FAILED=()
 for entry in "${CAPS[@]}"; do
   # stage:seconds[:ARG+ARG...], e.g. kernels:150:--lengths=4096,8192+--tag=_long
   IFS=: read -r stage cap extra <<< "$entry"
@@ -46,5 +56,12 @@ for entry in "${CAPS[@]}"; do
   [[ "$stage" == correctness ]] && flags="$flags --xla_gpu_autotune_level=0"
   XLA_FLAGS="$flags" timeout --kill-after=10 "$cap" "$PYTHON" benchmarks/gpu_check.py \
     --stage "$stage" --out "$OUT_DIR" --seconds "$cap" "${MODE[@]}" "${EXTRA[@]}"
-  echo "== $stage exit status $?"
+  status=$?
+  echo "== $stage exit status $status"
+  [[ $status == 0 ]] || FAILED+=("$stage")
 done
+# Every stage ran and left its JSON; the status says whether one failed or hit its cap.
+if [[ ${#FAILED[@]} -gt 0 ]]; then
+  echo "error: stages failed or hit their cap: ${FAILED[*]}" >&2
+  exit 1
+fi

@@ -11,7 +11,8 @@
 #     --study=configs/studies/lm_width.py --population=8 --jobs=1
 # Writes to $OUT (or ./gpu_study_out): study.log (the driver's output) and study.tar.gz, the
 # RESULTS folder under its own name (`tar -xzf study.tar.gz -C docs/results` puts it back, and
-# its records are what the next call starts from: a recorded point never trains again).
+# its records are what the next call starts from: a recorded point never trains again). Exit
+# status 0 when the study finished or stopped at the deadline, else the study's own (2: refused).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source tools/gpu_env.sh
@@ -40,3 +41,7 @@ tail -n 5 "$OUT_DIR/study.log"
 tar -czf "$OUT_DIR/study.tar.gz" --exclude=driver.lock -C "$(dirname "$RESULTS")" \
   "$(basename "$RESULTS")"
 echo "== $(find "$RESULTS/records" -name '*.json' 2>/dev/null | wc -l) records in $OUT_DIR/study.tar.gz"
+# 0: finished, or stopped at the deadline (the next call goes on); else the study's own status
+# (2: refused, 1: a failure), after packing what finished.
+[[ $status == 0 || $status == 124 ]] && exit 0
+exit "$status"

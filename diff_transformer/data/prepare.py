@@ -40,7 +40,7 @@ from diff_transformer.data.shards import SHARD_TOKENS, ShardWriter
 from diff_transformer.data.tiktoken_file import TIKTOKEN_FILE, TiktokenTokenizer  # tiktoken: lazily
 from diff_transformer.data.tokenizer import (TOKENIZER_FILE, FileTokenizer, Tokenizer,
                                              build_tokenizer, check_name, describe)
-from diff_transformer.errors import read_json
+from diff_transformer.files import read_json
 
 FORMAT_VERSION = 2  # 2: sharded splits; 1 (one file per split) is still read
 FORMATS = (1, 2)
@@ -227,9 +227,8 @@ def read_metadata(directory: str | Path) -> dict:
   if not path.is_file():
     raise DataError(f"{path}: not found; write it with `python prepare_data.py --input "
                     f"FILE_OR_DIR --output {Path(directory)}`")
-  meta = read_json(path, DataError)
-  if not isinstance(meta, dict) or meta.get("format") not in FORMATS:
-    found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
-    raise DataError(f"{path}: format {found} is not one of {FORMATS}; prepare again")
+  meta = read_json(path, DataError, "prepared metadata")
+  if meta["format"] not in FORMATS:
+    raise DataError(f"{path}: format {meta['format']} is not one of {FORMATS}; prepare again")
   return meta
 

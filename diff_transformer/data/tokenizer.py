@@ -17,6 +17,7 @@ from typing import Protocol
 import ml_collections
 
 from diff_transformer.data.common import DataError
+from diff_transformer.files import read_json
 from diff_transformer.data.tiktoken_file import TIKTOKEN_FILE, TiktokenTokenizer  # tiktoken: lazily
 
 EOT_TOKEN = "<|endoftext|>"
@@ -81,11 +82,7 @@ class BPETokenizer:
 
   @classmethod
   def from_file(cls, path: str | Path) -> "BPETokenizer":
-    from tokenizers import Tokenizer as HFTokenizer
-    path = Path(path)
-    if not path.is_file():
-      raise DataError(f"{path}: tokenizer file not found (written by prepare_data.py)")
-    return cls(HFTokenizer.from_file(str(path)))
+    return cls(read_hf_tokenizer(path))
 
   @classmethod
   def train(cls, texts: Iterable[str], vocab_size: int) -> "BPETokenizer":
@@ -126,17 +123,21 @@ class FileTokenizer(BPETokenizer):
 
   @classmethod
   def from_file(cls, path: str | Path) -> "FileTokenizer":
-    from tokenizers import Tokenizer as HFTokenizer
-    path = Path(path)
-    if not path.is_file():
-      raise DataError(f"{path}: tokenizer file not found")
-    try:
-      return cls(HFTokenizer.from_file(str(path)))
-    except Exception as e:  # tokenizers raises a bare Exception for unreadable files
-      if isinstance(e, DataError):
-        raise
-      raise DataError(f"{path}: not a Hugging Face tokenizers file ({str(e).splitlines()[0]})"
-                      ) from None
+    return cls(read_hf_tokenizer(path))
+
+
+def read_hf_tokenizer(path: str | Path):
+  """A Hugging Face tokenizers file (checked: a damaged one is one DataError line)."""
+  from tokenizers import Tokenizer as HFTokenizer
+  path = Path(path)
+  if not path.is_file():
+    raise DataError(f"{path}: tokenizer file not found (prepare_data.py writes or copies it)")
+  text = json.dumps(read_json(path, DataError, "tokenizer file"))
+  try:
+    return HFTokenizer.from_str(text)
+  except Exception as e:  # tokenizers raises a bare Exception for a file it cannot use
+    raise DataError(f"{path}: not a Hugging Face tokenizers file ({str(e).splitlines()[0]})"
+                    ) from None
 
 
 def padded_vocab_size(ids: int, multiple: int) -> int:
@@ -167,7 +168,7 @@ def build_tokenizer(data_config: ml_collections.ConfigDict, directory: str | Pat
       raise DataError(f"data.tokenizer: 'tiktoken' needs {record} (prepare_data.py "
                       "--tiktoken_file writes it)")
     return TiktokenTokenizer(Path(directory) / TIKTOKEN_FILE,
-                             json.loads(record.read_text())["encoding"])
+                             read_json(record, DataError, "tiktoken record")["encoding"])
   if data_config.tokenizer == "file":
     if path is None or not path.is_file():
       raise DataError(f"data.tokenizer: 'file' needs {path} (prepare_data.py --tokenizer_file "

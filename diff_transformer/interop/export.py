@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from diff_transformer.data import synthetic
-from diff_transformer.errors import read_json
+from diff_transformer.files import read_json
 from diff_transformer.interop import InteropError, require, weights
 from diff_transformer.interop.hf_tokenizer import hf_tokenizer
 from diff_transformer.model.spec import ModelSpec
@@ -98,7 +98,7 @@ def export_run(workdir: str | Path, out: str | Path, step: int | None = None) ->
     raise InteropError(f"--workdir: {workdir} has no {CONFIG} or {TOKENIZER_RECORD}; not a "
                        "training workdir")
   spec = ModelSpec.from_config(config.model)
-  record = read_json(workdir / TOKENIZER_RECORD, InteropError)
+  record = read_json(workdir / TOKENIZER_RECORD, InteropError, "tokenizer record")
   tokenizer = check_export(spec, record, out, workdir, task=config.data.name)
   model, _, step = restore_model(workdir, step=step)
   return write_folder(model, spec, record, tokenizer, workdir, out, step)

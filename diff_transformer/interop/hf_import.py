@@ -7,11 +7,11 @@ safetensors only (float32, float16 or bfloat16 files; sharded folders with an in
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
+from diff_transformer.files import read_json, read_safetensors, safetensors_names
 from diff_transformer.interop import InteropError, require, weights
 from diff_transformer.model.spec import ModelSpec
 
@@ -29,11 +29,7 @@ def read_hf_config(folder: str | Path) -> dict:
   if not path.is_file():
     raise InteropError(f"init_from_hf: {folder} has no config.json; not a Hugging Face model "
                        "folder")
-  try:
-    return json.loads(path.read_text())
-  except json.JSONDecodeError as e:
-    raise InteropError(f"init_from_hf: {path} is not valid JSON ({e.msg}, line {e.lineno})"
-                       ) from None
+  return read_json(path, InteropError, "HF config")
 
 
 def check_folder(spec: ModelSpec, folder: str | Path) -> dict:
@@ -48,30 +44,33 @@ def check_folder(spec: ModelSpec, folder: str | Path) -> dict:
     raise InteropError(f"init_from_hf: {folder} has no {SINGLE_FILE} or {INDEX_FILE} "
                        "(only safetensors weights are read)")
   require("safetensors")
+  for path in weight_files(folder):  # every header, before any work
+    safetensors_names(path, InteropError)
   return cfg
 
 
-def _load_safetensors(path: Path) -> dict[str, np.ndarray]:
-  from safetensors import safe_open
-  out = {}
-  # framework="flax" reads bfloat16 too (numpy has no bfloat16); converted to float32 here.
-  with safe_open(str(path), framework="flax") as f:
-    for name in f.keys():
-      out[name] = np.asarray(f.get_tensor(name), np.float32)
-  return out
+def weight_files(folder: Path) -> list[Path]:
+  """The folder's safetensors files: the single file or the index's shards, and a sidecar."""
+  if (folder / SINGLE_FILE).is_file():
+    files = [folder / SINGLE_FILE]
+  else:
+    index = read_json(folder / INDEX_FILE, InteropError, "HF index")
+    shards = index["weight_map"].values()
+    if not all(isinstance(s, str) for s in shards):
+      raise InteropError(f"{folder / INDEX_FILE}: weight_map values must be file names")
+    files = [folder / shard for shard in sorted(set(shards))]
+    for path in files:
+      if not path.is_file():
+        raise InteropError(f"init_from_hf: {path} (listed in {INDEX_FILE}) is missing")
+  sidecar = folder / weights.SIDECAR
+  return files + ([sidecar] if sidecar.is_file() else [])
 
 
 def read_tensors(folder: str | Path) -> dict[str, np.ndarray]:
-  folder = Path(folder)
-  if (folder / SINGLE_FILE).is_file():
-    tensors = _load_safetensors(folder / SINGLE_FILE)
-  else:
-    index = json.loads((folder / INDEX_FILE).read_text())
-    tensors = {}
-    for shard in sorted(set(index["weight_map"].values())):
-      if not (folder / shard).is_file():
-        raise InteropError(f"init_from_hf: {folder / shard} (listed in {INDEX_FILE}) is missing")
-      tensors.update(_load_safetensors(folder / shard))
+  tensors = {}
+  for path in weight_files(Path(folder)):
+    if path.name != weights.SIDECAR:
+      tensors.update(read_safetensors(path, InteropError))
   return {k: v for k, v in tensors.items() if not k.endswith(IGNORED_SUFFIXES)}
 
 
@@ -81,7 +80,7 @@ def import_params(spec: ModelSpec, folder: str | Path) -> dict[str, np.ndarray]:
   folder = Path(folder)
   hf = read_tensors(folder)
   sidecar_path = folder / weights.SIDECAR
-  sidecar = _load_safetensors(sidecar_path) if sidecar_path.is_file() else None
+  sidecar = read_safetensors(sidecar_path, InteropError) if sidecar_path.is_file() else None
   params = weights.from_hf(spec, hf, sidecar, folder=str(folder))
   used = set(weights.to_hf(spec, params, weights.constants(spec))[0])
   if spec.tie_embeddings and "lm_head.weight" in hf:  # some writers save the tied copy

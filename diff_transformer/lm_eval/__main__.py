@@ -2,13 +2,13 @@
 `diff_transformer` model registered (and chosen when --model is not given)."""
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 from diff_transformer import cli
 from diff_transformer.data import synthetic
 from diff_transformer.errors import UserError, first_line
+from diff_transformer.files import read_json
 from diff_transformer.interop import InteropError, require
 from diff_transformer.runs.folder import RunFolder
 
@@ -35,7 +35,7 @@ def check_model_args(argv: list[str]) -> None:
     if not folder.config.is_file() or not folder.checkpoints.is_dir():
       raise ValueError(f"--model_args workdir={workdir}: not a training workdir (no "
                        f"{folder.config.name} or {folder.checkpoints.name}/)")
-    data = json.loads(folder.config.read_text()).get("data", {})
+    data = read_json(folder.config, UserError, "run config")["data"]
     if data.get("name") in synthetic.TASKS:
       raise ValueError(f"--model_args workdir={workdir}: "
                        + synthetic.no_text_tokenizer(data["name"], workdir))

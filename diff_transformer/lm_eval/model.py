@@ -22,7 +22,9 @@ from tqdm import tqdm
 
 from diff_transformer.data.tokenizer import load_tokenizer
 from diff_transformer.evaluation import decoding
+from diff_transformer.errors import UserError
 from diff_transformer.evaluation.common import Fns, pad_rows
+from diff_transformer.files import read_json
 from diff_transformer.runs.folder import TOKENIZER_RECORD
 from diff_transformer.runs.restore import restore_model
 from diff_transformer.mesh import batch_sharding, data_parallel_size, make_mesh
@@ -57,7 +59,7 @@ class DiffTransformerLM(TemplateLM):
     self.rows_sharding, self.data_parallel = batch_sharding(mesh), data_parallel_size(mesh)
     self.fns = Fns(model)
     self.spec = model.spec
-    record = json.loads((self.workdir / TOKENIZER_RECORD).read_text())
+    record = read_json(self.workdir / TOKENIZER_RECORD, UserError, "tokenizer record")
     self.tok = load_tokenizer(record, self.workdir)
     self.batch_size = int(batch_size) if str(batch_size) != "auto" else 8
     self._max_gen_toks = int(max_gen_toks)

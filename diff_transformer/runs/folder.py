@@ -24,7 +24,8 @@ import json
 import os
 from pathlib import Path
 
-from diff_transformer.errors import UserError, read_json
+from diff_transformer.errors import UserError
+from diff_transformer.files import read_json
 from diff_transformer.paths import write_atomic
 
 CONFIG = "config.json"
@@ -75,7 +76,7 @@ class RunFolder:
 
   def read_summary(self, error: type[UserError] = UserError) -> dict | None:
     """The finished run's summary ({step, val_loss, ...}); None before the run finished."""
-    return read_json(self.summary, error) if self.summary.is_file() else None
+    return read_json(self.summary, error, "run summary") if self.summary.is_file() else None
 
   def write_summary(self, summary: dict) -> None:
     """Atomically: a kill leaves either no summary or the whole one."""
@@ -90,7 +91,7 @@ class RunFolder:
   def read_eval(self, suite: str) -> dict | None:
     """A suite's result, or None if it was never evaluated."""
     path = self.eval_result(suite)
-    return json.loads(path.read_text()) if path.is_file() else None
+    return read_json(path, UserError, "eval result") if path.is_file() else None
 
   def checkpoint_steps(self) -> list[int]:
     """The committed checkpoint steps (orbax renames a step's temp dir to <step> last)."""

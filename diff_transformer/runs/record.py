@@ -26,7 +26,8 @@ from diff_transformer.runs import folder as run_folder
 from diff_transformer.config import base_config
 from diff_transformer.data import assert_compatible, describe
 from diff_transformer.data.tokenizer import load_tokenizer
-from diff_transformer.errors import DataError, TrainError, last_line, read_json
+from diff_transformer.errors import DataError, TrainError, last_line
+from diff_transformer.files import read_json
 from diff_transformer.tree import flatten
 
 
@@ -110,8 +111,7 @@ def check_setting(workdir: Path, point: str, expected: dict, retrain: bool = Fal
 
 def read_code_versions(workdir: Path) -> list[dict]:
   path = Path(workdir) / run_folder.CODE_VERSION
-  versions = read_json(path, TrainError) if path.is_file() else []
-  return versions if isinstance(versions, list) else []
+  return read_json(path, TrainError, "code versions") if path.is_file() else []
 
 
 def record_code_version(workdir: Path, step: int) -> dict | None:
@@ -132,9 +132,7 @@ def read_config(workdir: Path) -> ml_collections.ConfigDict | None:
   if not path.is_file():
     return None
   config = base_config()
-  values = read_json(path, TrainError)
-  if not isinstance(values, dict):
-    raise TrainError(f"{path}: damaged (not a JSON object of config fields)")
+  values = read_json(path, TrainError, "run config")
   try:
     config.update_from_flattened_dict(flatten(values))
   except (KeyError, AttributeError, TypeError, ValueError) as e:
@@ -166,7 +164,7 @@ def check_tokenizer_record(workdir: Path, tokenizer=None) -> dict:
   path = Path(workdir) / run_folder.TOKENIZER_RECORD
   if not path.is_file():
     raise TrainError(f"{path}: missing; {workdir} is not a training workdir")
-  record = read_json(path, TrainError)
+  record = read_json(path, TrainError, "tokenizer record")
   if tokenizer is not None:
     assert_compatible(record, tokenizer)
   elif record.get("name") == "byte" or any((Path(workdir) / n).is_file()

@@ -17,6 +17,11 @@ def _cells(study) -> None:
   a compared grid; the pre-named pairs compare two distinct compared names."""
   names = [c.name for c in study.derived]
   for cell in study.derived:
+    if not isinstance(cell.overrides, tuple) or not all(
+        isinstance(o, tuple) and len(o) == 2 and isinstance(o[0], str) for o in cell.overrides):
+      raise ConfigError(f"study {study.name}: derived cell '{cell.name}': overrides must be a "
+                        "tuple of (key, value) pairs, e.g. ((\"model.num_heads\", 2),); got "
+                        f"{cell.overrides!r}")
     if not cell.name or "-" in cell.name or known_variant(cell.name) or names.count(cell.name) > 1:
       raise ConfigError(f"study {study.name}: derived cell '{cell.name}' must be a new, unique "
                         "name without '-' (points are <name>-s<seed>)")
@@ -42,6 +47,12 @@ def _cells(study) -> None:
     if len(pair) != 2 or pair[0] == pair[1] or not set(pair) <= set(study.variants):
       raise ConfigError(f"study {study.name}: comparison {pair} must be two distinct names "
                         f"among the compared {list(study.variants)}")
+  if study.factorial:
+    factors, corners = study.factorial
+    if (len(factors) != 2 or len(corners) != 4 or len(set(corners)) != 4
+        or not set(corners) <= set(study.variants)):
+      raise ConfigError(f"study {study.name}: factorial must be ((factor A, factor B), (4 "
+                        f"distinct compared cells: neither, A, B, both)); got {study.factorial}")
   if len(set(study.comparisons)) != len(study.comparisons):
     raise ConfigError(f"study {study.name}: comparisons repeat a pair: {study.comparisons}")
   for name, value in study.published_cells:

@@ -9,6 +9,8 @@ import platform
 import time
 from pathlib import Path
 
+from diff_transformer.errors import UserError
+from diff_transformer.files import read_json
 from diff_transformer.paths import write_atomic
 
 
@@ -36,10 +38,10 @@ def this_machine() -> str:
 
 
 def _previous_study(root: Path) -> dict:
-  try:
-    study = json.loads((root / "study.json").read_text())["study"]
-    return study if isinstance(study, dict) else {}
-  except (OSError, ValueError, KeyError, TypeError):
+  path = root / "study.json"
+  try:  # a damaged study.json is rewritten: nothing to carry over from it
+    return read_json(path, UserError, "study results")["study"] if path.is_file() else {}
+  except UserError:
     return {}
 
 

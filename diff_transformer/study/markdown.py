@@ -8,7 +8,7 @@ from pathlib import Path
 
 from diff_transformer.evaluation import floors
 from diff_transformer.paths import write_atomic
-from diff_transformer.study import opening, plots, text_report
+from diff_transformer.study import factorial, opening, plots, text_report
 from diff_transformer.study.cells import against, diff, num, pm, signed, table
 from diff_transformer.study.definition import BASELINE
 from diff_transformer.study.study_json import informative_slices
@@ -139,7 +139,8 @@ def _pairs_primary(result: dict, root: Path) -> list[str]:
           ["", f"Published: {source}. 'Same sign' compares the two mean differences' signs "
            "only; a pair whose Holm p is 0.05 or more is not resolved here, and its sign is "
            "not a finding.", "",
-           f"![pre-named pairs]({plots.pairs(result, root / 'pairs.png')})", ""])
+           f"![pre-named pairs]({plots.pairs(result, root / 'pairs.png')})", ""] +
+          factorial.report(result))
 
 
 def _speed_notes(result: dict) -> list[str]:

@@ -11,6 +11,7 @@ from pathlib import Path
 from diff_transformer.data import synthetic
 from diff_transformer.evaluation import floors
 from diff_transformer.paths import write_atomic
+from diff_transformer.study import factorial
 from diff_transformer.study.definition import BASELINE, Study
 from diff_transformer.study.overrides import BySize
 from diff_transformer.study.stats import (censored_median, holm, min_p, paired, paired_censored,
@@ -173,8 +174,11 @@ def build(study: Study, runs: list[dict], grid: dict, missing: list[str],
                 d_model=config.model.d_model, layers=config.model.num_layers,
                 short_conv=config.model.short_conv)
   chance = {k: v for r in runs for k, v in r.get("chance", {}).items()}
-  return dict(study=info, runs=runs, summary=summary, paired=compare(study, runs),
-              chance=chance, lr_grid=grid, missing=missing)
+  out = dict(study=info, runs=runs, summary=summary, paired=compare(study, runs),
+             chance=chance, lr_grid=grid, missing=missing)
+  if study.factorial:  # only then: the other studies keep their study.json as it was
+    out["factorial"] = factorial.effects(study, runs)
+  return out
 
 
 def code_versions(runs: list[dict]) -> dict[str, int]:
