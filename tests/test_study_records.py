@@ -149,7 +149,7 @@ def test_export_of_a_synthetic_task_run_says_what_it_lacks(tmp_path):
   config = _config()
   config.model.short_conv = 0  # (a short convolution is refused first: no HF class has one)
   run_folder.RunFolder(workdir).config.write_text(config.to_json())
-  (workdir / run_folder.TOKENIZER_RECORD).write_text('{"name": "synthetic"}')
+  (workdir / run_folder.TOKENIZER_RECORD).write_text('{"name": "synthetic", "vocab_size": 264}')
   w = re.escape(str(workdir))
   with pytest.raises(UserError, match=rf"^--workdir {w}: trained on the synthetic task "
                                       "'mqar', which has no text tokenizer; evaluate it with "

@@ -78,6 +78,9 @@ class Study:
   published: tuple[tuple[str, str, float], ...] = ()
   published_cells: tuple[tuple[str, float], ...] = ()  # the source's own value per cell
   published_source: str = ""
+  # A published difference this small or smaller (in its source's units) is read as within the
+  # source's own run-to-run noise: shown, but given no sign (single runs without error bars).
+  published_noise: float = 0.0
   sizes: tuple[str, ...] = ()  # model sizes (LM studies); empty: one setting
   # (hi, lo) sizes: each metric's per-seed change from lo to hi, `<metric>@<hi>-<lo>`, a metric
   # like any other (it can be the primary): a pair's a - b of it is, seed by seed, the gap at

@@ -121,12 +121,14 @@ def _pairs_primary(result: dict, root: Path) -> list[str]:
   info, summary, paired = result["study"], result["summary"], result["paired"]
   primary = info["primary"]
   published = {(a, b): x for a, b, x in info.get("published", [])}
+  noise = info.get("published_noise", 0.0)
   rows = []
   for a, b in info["comparisons"]:
     entry = (paired.get(f"{a} vs {b}") or {}).get(primary)
     ours = entry["mean_diff"] if entry and entry["n"] else math.nan
     theirs = published.get((a, b))
     same = ("-" if theirs is None or math.isnan(ours) or not ours or not theirs else
+            "within the source's noise" if abs(theirs) <= noise else
             "yes" if (ours > 0) == (theirs > 0) else "no")
     rows.append([f"{a} - {b}", pm(summary.get(a, {}).get(primary)),
                  pm(summary.get(b, {}).get(primary)), diff(entry),
@@ -138,7 +140,9 @@ def _pairs_primary(result: dict, root: Path) -> list[str]:
                  "published a - b", "same sign"], rows) +
           ["", f"Published: {source}. 'Same sign' compares the two mean differences' signs "
            "only; a pair whose Holm p is 0.05 or more is not resolved here, and its sign is "
-           "not a finding.", "",
+           "not a finding." + (f" A published difference of {noise:g} or less is read as within "
+                               "its source's run-to-run noise and given no sign." if noise
+                               else ""), "",
            f"![pre-named pairs]({plots.pairs(result, root / 'pairs.png')})", ""] +
           factorial.report(result))
 

@@ -122,7 +122,8 @@ def loss_vs_size(result: dict, path: Path) -> str:
 
 def pairs(result: dict, path: Path) -> str:
   """The primary pairs a - b, one row each: every seed's difference faint, the mean with its 95%
-  t interval bold, the published difference hollow (its own units), zero dotted."""
+  t interval bold, the published difference hollow (its own units; grey within its noise), zero
+  dotted."""
   info, primary = result["study"], result["study"]["primary"]
   published = {(a, b): x for a, b, x in info.get("published", [])}
   value = {(r["variant"], r["size"], r["seed"]): r.get(primary) for r in result["runs"]}
@@ -135,7 +136,7 @@ def pairs(result: dict, path: Path) -> str:
     labelled.add(label)
     return label
 
-  fig, ax = common.figure(size=(6.4, 0.5 * len(rows) + 1.2))
+  fig, ax = common.figure(size=(6.4, 0.5 * len(rows) + 1.6))
   for y, (a, b) in enumerate(rows):
     seeds = [(z, s) for (v, z, s), x in value.items() if v == a and x is not None
              and value.get((b, z, s)) is not None]
@@ -152,10 +153,13 @@ def pairs(result: dict, path: Path) -> str:
       ax.annotate(f"Holm p {entry['p_holm']:.2g}", (1.0, y), xycoords=("axes fraction", "data"),
                   xytext=(4, 0), textcoords="offset points", va="center", fontsize=7)
     if (a, b) in published:
-      ax.scatter([published[a, b]], [y], marker="D", facecolors="none", edgecolors="C3",
-                 label=once("published (its own units)"), zorder=3)
+      quiet = abs(published[a, b]) <= info.get("published_noise", 0.0)
+      ax.scatter([published[a, b]], [y], marker="D", facecolors="none",
+                 edgecolors="0.6" if quiet else "C3", zorder=3,
+                 label=once("published, within its noise (no sign)" if quiet
+                            else "published (its own units)"))
   ax.axvline(0, color="k", lw=0.6, ls=":")
   ax.set_yticks(range(len(rows)), [f"{a} - {b}" for a, b in rows], fontsize=7)
   ax.set_xlabel(f"paired difference a - b in `{primary}`")
-  ax.legend(fontsize=7, loc="best")
+  fig.legend(fontsize=7, loc="outside lower center", ncol=2, frameon=False)
   return common.save_figure(fig, path)

@@ -168,6 +168,8 @@ def build(study: Study, runs: list[dict], grid: dict, missing: list[str],
     info.update(comparisons=[list(p) for p in study.comparisons],
                 published=[list(p) for p in study.published],
                 published_source=study.published_source, cells=cells_info(study, runs, grid))
+    if study.published_noise:
+      info["published_noise"] = study.published_noise
   info["code_versions"] = code_versions(runs)
   if study.is_task:
     info.update(task_params=synthetic.task_spec(config.data).settings(),
