@@ -46,11 +46,12 @@ def small_config(variant: str, *, seq_len: int, batch: int, kernel: str = "auto"
 
 
 def paper_config(variant: str, *, seq_len: int, batch: int, layers: int, kernel: str = "auto",
-                 dtype: str = "bfloat16"):
-  """The 830M preset of configs/scaling.py (the papers' row for `variant`) with its depth cut
-  to `layers`, sized for `batch` rows of `seq_len`."""
-  c = get_config(f"{variant}-{PAPER_SIZE}")
+                 dtype: str = "bfloat16", size: str = PAPER_SIZE):
+  """A preset of configs/scaling.py (the papers' row for `variant` at `size`, 830M unless
+  told) with its depth cut to `layers` (0: its full depth), sized for `batch` rows of
+  `seq_len`."""
+  c = get_config(f"{variant}-{size}")
   m = c.model
-  m.num_layers, m.kernel, m.dtype, m.max_seq_len = layers, kernel, dtype, seq_len
+  m.num_layers, m.kernel, m.dtype, m.max_seq_len = layers or m.num_layers, kernel, dtype, seq_len
   c.data.seq_len, c.train.global_batch_size = seq_len, batch
   return validate(c)

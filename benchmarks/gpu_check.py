@@ -66,7 +66,8 @@ TEST_SUBSET = ("tests/test_attention_numerics.py", "tests/test_pallas_kernel.py"
 # Set by main from the command line: lengths (override a stage's GPU lengths), labels (the train
 # stage's groups: auto, other), tag (appended to the output file's name, for a partial rerun),
 # cases (the correctness groups to run).
-OPTIONS: dict = dict(lengths=None, labels=("auto", "other"), tag="", cases=())
+OPTIONS: dict = dict(lengths=None, labels=("auto", "other"), tag="", cases=(), size="830m",
+                     remat="none", train_tokens=16384)
 
 
 def lengths_or(default: tuple[int, ...]) -> tuple[int, ...]:
@@ -181,6 +182,17 @@ def versions() -> dict:
   return out
 
 
+def cudnn_info() -> dict:
+  """The cuDNN version jax loaded, and whether the exact layout (kernels/cudnn.py) runs here."""
+  from diff_transformer.kernels import cudnn
+  try:
+    from jax._src.cudnn import fused_attention_stablehlo as entry
+    version = entry.check_cudnn_version()
+  except Exception as e:  # no GPU plugin, or no cuDNN: recorded
+    version = error_text(e)
+  return dict(version=version, exact_layout=cudnn.exact_reason() or "runs")
+
+
 def nvidia_smi() -> dict:
   query = "name,driver_version,memory.total,clocks.max.sm,clocks.sm,power.limit,compute_cap"
   try:
@@ -207,7 +219,7 @@ def copy_bandwidth(gib: float = 2.0) -> float:
 def stage_env(out: Path, cpu: bool, seconds: float) -> None:
   del seconds
   rec = Record(out, "env", cpu_mode=cpu, devices=[str(d) for d in jax.devices()],
-               nvidia_smi={} if cpu else nvidia_smi())
+               nvidia_smi={} if cpu else nvidia_smi(), cudnn=cudnn_info())
   try:
     rec.set(environment_info=jax.print_environment_info(return_string=True))
   except Exception as e:  # informational only
@@ -275,7 +287,12 @@ def main() -> None:
   p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
   p.add_argument("--cpu", action="store_true", help="tiny shapes, Pallas interpreted")
   p.add_argument("--seconds", type=float, default=120.0, help="this stage's time cap")
-  p.add_argument("--train_layers", type=int, default=12, help="layer cut of the 830M preset")
+  p.add_argument("--train_layers", type=int, default=12, help="layer cut of the preset; 0: its "
+                 "full depth")
+  p.add_argument("--size", default="830m", help="the configs/scaling.py preset size the kernels, "
+                 "train, profile and decode stages use (e.g. 3b)")
+  p.add_argument("--remat", default="none", help="train and profile: model.remat")
+  p.add_argument("--train_tokens", type=int, default=16384, help="train: tokens per step")
   p.add_argument("--lengths", default="", help="comma-separated T replacing the stage's (GPU)")
   p.add_argument("--labels", default="auto,other", help="train: kernel=auto and/or the other path")
   p.add_argument("--tag", default="", help="suffix of the output file's name")
@@ -284,7 +301,8 @@ def main() -> None:
   args = p.parse_args()
   OPTIONS.update(lengths=[int(t) for t in args.lengths.split(",") if t] or None,
                  labels=tuple(args.labels.split(",")), tag=args.tag,
-                 cases=tuple(c for c in args.cases.split(",") if c))
+                 cases=tuple(c for c in args.cases.split(",") if c), size=args.size,
+                 remat=args.remat, train_tokens=args.train_tokens)
   out = Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
   import gpu_check_kernels  # the stage modules import this one (Record, compile_all, ...)

@@ -23,7 +23,7 @@ from diff_transformer.kernels.pallas import attention as pallas_attention
 from diff_transformer.model.attention import PAPER_VARIANTS, variant_class
 from diff_transformer.model.spec import ModelSpec
 from diff_transformer.training.metrics import kernel_inputs
-from tests.helpers.kernels import ARG_NAMES, np_attention
+from tests.helpers.kernels import ARG_NAMES, exact_cpu_attention, np_attention
 
 # Worst relative error that passes: float32 matmuls may run as TF32 on the GPU (XLA's and
 # Triton's default), bfloat16 rounds inputs and outputs to 8 bits of mantissa.
@@ -34,12 +34,22 @@ PALLAS_CONFIGS = {"pallas": {}, "pallas_w4": dict(num_warps=4), "pallas_w8": dic
 
 
 def paths(cpu: bool, configs: dict | None = None) -> dict:
-  """name -> kernel function of the contract (kernels/common.py). On CPU Pallas is interpreted
-  and 'cudnn' runs its dot_product_attention layout through XLA."""
+  """name -> kernel function of the contract (kernels/common.py). 'cudnn' is what the model
+  runs (the exact layout where cudnn.exact_reason() allows it), 'cudnn_padded' the padded layout
+  and 'cudnn_two_calls' DIFF V1's maps as two calls sharing v. On CPU Pallas is interpreted,
+  'cudnn' runs the padded layout through XLA and 'cudnn_exact_layout' the exact layout with an
+  exact CPU attention in cuDNN's place."""
   out = {"reference": reference.attention, "xla": xla.attention}
   for name, kw in (configs or {"pallas": {}}).items():
     out[name] = functools.partial(pallas_attention, **kw)
-  out["cudnn"] = functools.partial(cudnn.attention, implementation="xla" if cpu else "cudnn")
+  if cpu:
+    out["cudnn"] = functools.partial(cudnn.attention, implementation="xla")
+    out["cudnn_exact_layout"] = functools.partial(cudnn.attention, core=exact_cpu_attention)
+  else:
+    out["cudnn"] = functools.partial(cudnn.attention, implementation="cudnn")
+    if not cudnn.exact_reason():
+      out["cudnn_padded"] = functools.partial(cudnn.attention, padded=True)
+      out["cudnn_two_calls"] = functools.partial(cudnn.attention, separate_calls=True)
   return out
 
 
@@ -99,6 +109,11 @@ def errors(got: dict, want: dict) -> dict:
 
 
 def correctness_spec(variant: str, layout: str, dtype: str, cpu: bool) -> ModelSpec:
+  """mha / gqa: a small model's heads; 830m / 3b: that preset's own heads (DIFF V1's q/k 96
+  and 128 wide, values 192 and 256: the widths the exact cuDNN layout takes as they are)."""
+  if layout in ("830m", "3b"):
+    c = paper_config(variant, seq_len=8, batch=1, layers=1, dtype=dtype, size=layout)
+    return ModelSpec.from_config(c.model)
   d_model, head_dim = (64, 16) if cpu else (512, 64)
   c = small_config(variant, seq_len=8, batch=1, dtype=dtype, d_model=d_model, head_dim=head_dim)
   if layout == "gqa":
@@ -115,8 +130,11 @@ def stage_correctness(out: Path, cpu: bool, seconds: float) -> None:
                                                                    ("bfloat16", "float32"), 2)
   cases = [(layout, T, False) for T in lengths for layout in ("mha", "gqa")]
   cases.insert(2, ("gqa", lengths[0], True))
-  if OPTIONS["cases"]:  # a rerun of chosen groups: "gqa:256,packed:256,mha:2048"
-    cases = [("gqa" if c[0] == "packed" else c[0], int(c[1]), c[0] == "packed")
+  if not cpu:  # the paper presets' own head widths, at the longest length, unpacked and packed
+    cases += [(size, lengths[-1], packed) for size in ("830m", "3b") for packed in (False, True)]
+  if OPTIONS["cases"]:  # a rerun of chosen groups: "gqa:256,packed:256,mha:2048,3b:2048:packed"
+    cases = [("gqa" if c[0] == "packed" else c[0], int(c[1]),
+              c[0] == "packed" or c[2:] == ["packed"])
              for c in (case.split(":") for case in OPTIONS["cases"])]
   kernels = paths(cpu)
   rec = Record(out, "correctness", tolerance=TOLERANCE, batch=batch, lengths=lengths,
@@ -200,7 +218,8 @@ def worst_table(cells: list[dict]) -> dict:
 
 def stage_kernels(out: Path, cpu: bool, seconds: float) -> None:
   """fwd+bwd time of each path at the 830M head shapes, interleaved per length, with the
-  compiled temp memory (linear in T for the fused paths, quadratic for 'xla')."""
+  compiled temp memory (linear in T for the fused paths, quadratic for 'xla'). Each call gets
+  segment ids as the train step does on text (rows of packed documents, about 3 per row)."""
   deadline = Deadline(seconds - 10)
   tokens, lengths = (128, (64,)) if cpu else (16384, lengths_or((2048, 4096, 8192)))
   rounds, inner = (2, 1) if cpu else (7, 3)
@@ -208,7 +227,8 @@ def stage_kernels(out: Path, cpu: bool, seconds: float) -> None:
   kernels.pop("reference")
   rec = Record(out, "kernels", tokens_per_call=tokens, lengths=lengths, rounds=rounds,
                inner=inner, paths=list(kernels), dtype="bfloat16",
-               shapes_from="configs/scaling.py <variant>-830m" if not cpu else "small_config")
+               shapes_from=f"configs/scaling.py <variant>-{OPTIONS['size']}" if not cpu
+               else "small_config")
   cells, lowered = [], {}
   for T in lengths:
     batch = max(1, tokens // T)
@@ -217,22 +237,26 @@ def stage_kernels(out: Path, cpu: bool, seconds: float) -> None:
         spec = ModelSpec.from_config(small_config(variant, seq_len=T, batch=batch,
                                                   dtype="bfloat16").model)
       else:
-        spec = ModelSpec.from_config(paper_config(variant, seq_len=T, batch=batch, layers=1).model)
+        spec = ModelSpec.from_config(paper_config(variant, seq_len=T, batch=batch, layers=1,
+                                                  size=OPTIONS["size"]).model)
       p = kernel_inputs(spec, T, batch)
       names = [n for n in ARG_NAMES if getattr(p, n) is not None]
       structs = [getattr(p, n) for n in names]
       do = jax.ShapeDtypeStruct(out_struct(p), p.q1.dtype)
       model_flops = 3 * 0.5 * variant_class(variant).attention_flops(spec, T) * batch * T
+      seg = jax.ShapeDtypeStruct((batch, T), jnp.int32)
       for path, kernel in kernels.items():
-        key = (path, signature(names, structs, None))
+        key = (path, signature(names, structs, seg))
         if key not in lowered:
-          lowered[key] = lower_or_error(fwd_bwd(kernel, names), structs, do, None)
-        base_path = "pallas" if path.startswith("pallas") else path
+          lowered[key] = lower_or_error(fwd_bwd(kernel, names), structs, do, seg)
+        base_path = path.split("_")[0]  # pallas_w4 counts as pallas, cudnn_padded as cudnn
+        exact = {"cudnn_padded": False, "cudnn_two_calls": True,
+                 "cudnn_exact_layout": True}.get(path)
         cells.append(dict(variant=variant, T=T, batch=batch, path=path, key=key,
                           shapes={n: list(s.shape) for n, s in zip(names, structs)},
                           model_flops=model_flops,
                           executed_flops=executed_flops(base_path, p.q1, p.k1, p.v, p.q2,
-                                                        backward=True),
+                                                        backward=True, cudnn_exact=exact),
                           structs=(structs, do)))
   compiled, compile_s = {}, {}
   for T in lengths:  # compiled length by length, so a stage cut short keeps the short lengths
@@ -259,7 +283,8 @@ def stage_kernels(out: Path, cpu: bool, seconds: float) -> None:
             for k, s in zip(keys, structs)]
       xs = [jax.nn.sigmoid(x) if n == "lam" and x.ndim else x for n, x in zip(c["shapes"], xs)]
       dy = jax.random.normal(keys[-1], do.shape, do.dtype)
-      calls[i] = functools.partial(program, xs, dy, None)
+      seg = np.cumsum(np.random.default_rng(i).random((c["batch"], T)) < 3.0 / T, axis=1)
+      calls[i] = functools.partial(program, xs, dy, jnp.asarray(seg, jnp.int32))
     if deadline.left() < 0:
       for c in at_T:
         rec.add(dict(_public(c), skipped="stage time cap"))

@@ -40,9 +40,13 @@ FUSED = ("pallas", "cudnn")
 
 
 def _config(variant, cpu, *, seq_len, batch, layers, kernel):
+  """The preset OPTIONS['size'] names (layers 0: its full depth), remat as OPTIONS says."""
   if cpu:
     return small_config(variant, seq_len=seq_len, batch=batch, kernel=kernel)
-  return paper_config(variant, seq_len=seq_len, batch=batch, layers=layers, kernel=kernel)
+  c = paper_config(variant, seq_len=seq_len, batch=batch, layers=layers, kernel=kernel,
+                   size=OPTIONS["size"])
+  c.model.remat = OPTIONS["remat"]
+  return c
 
 
 def _copy(tree):
@@ -52,13 +56,13 @@ def _copy(tree):
 def stage_train(out: Path, cpu: bool, seconds: float, layers: int, timing: bool = True) -> None:
   """timing=False: only the orbax check (DIFF V1, kernel=auto, the first length)."""
   deadline = Deadline(seconds - 10)
-  tokens, lengths = (64, (32,)) if cpu else (16384, lengths_or((2048, 4096)))
+  tokens, lengths = (64, (32,)) if cpu else (OPTIONS["train_tokens"], lengths_or((2048, 4096)))
   rounds, steps = (2, 1) if cpu else (5, 3)
   peak, peak_source = peak_tflops_per_device(0.0, "bfloat16")
   rec = Record(out, "train" if timing else "train_orbax", layers=layers, tokens_per_step=tokens, lengths=lengths,
                rounds=rounds, steps_per_round=steps, peak_tflops=peak, peak_source=peak_source,
-               preset="small_config" if cpu else "configs/scaling.py <variant>-830m, "
-               f"num_layers cut 24 -> {layers}, bfloat16")
+               preset="small_config" if cpu else f"configs/scaling.py <variant>-{OPTIONS['size']}, "
+               f"num_layers {layers or 'full depth'}, bfloat16, remat {OPTIONS['remat']}")
   # CPU mode checks this stage's code, not speeds, so the other kernel runs for DIFF V1 alone
   # (every variant's Pallas train step is checked against XLA's in tests/test_pallas_model.py).
   other_variants = ("diff",) if cpu else PAPER_VARIANTS

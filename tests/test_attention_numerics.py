@@ -115,7 +115,9 @@ def test_reference_maps_match_float64(variant):
 
 
 # 'xla_blocks' runs the causal query blocks (12 rows in blocks of 5: uneven), 'cudnn_layout' the
-# dot_product_attention layout of the cudnn kernel through XLA (cuDNN itself needs a GPU).
+# padded dot_product_attention layout of the cudnn kernel through XLA, 'cudnn_exact_layout' its
+# exact layout (model widths, packed rows) with an exact CPU attention in cuDNN's place (cuDNN
+# itself needs a GPU: tools/gpu_check.sh checks the real call against float64 there).
 PATHS = {
     "reference": dict(implementation="reference"),
     "xla": dict(implementation="xla"),
@@ -127,10 +129,15 @@ PATHS = {
 def run_path(path, *args, **kw):
   if path == "cudnn_layout":
     return cudnn.attention(*args, implementation="xla", **kw)
+  if path in ("cudnn_exact_layout", "cudnn_exact_separate"):
+    from tests.helpers.kernels import exact_cpu_attention
+    return cudnn.attention(*args, core=exact_cpu_attention,
+                           separate_calls=path == "cudnn_exact_separate", **kw)
   return kernels.attention(*args, **PATHS[path], **kw)
 
 
-@pytest.mark.parametrize("kernel", [*PATHS, "cudnn_layout"])
+@pytest.mark.parametrize("kernel", [*PATHS, "cudnn_layout", "cudnn_exact_layout",
+                                    "cudnn_exact_separate"])
 @pytest.mark.parametrize("case", ["baseline", "v1", "v2", "mqa"])
 def test_kernels_match_float64_on_fresh_inputs(kernel, case):
   rng = np.random.default_rng(seed_of(kernel, case))
@@ -148,7 +155,8 @@ def test_kernels_match_float64_on_fresh_inputs(kernel, case):
     assert rel_err(got, ref.diff_kernel(*args, seg=SEG, causal=causal)) < 1e-5
 
 
-@pytest.mark.parametrize("path", ["xla", "xla_blocks", "auto", "cudnn_layout"])
+@pytest.mark.parametrize("path", ["xla", "xla_blocks", "auto", "cudnn_layout",
+                                  "cudnn_exact_layout"])
 @pytest.mark.parametrize("case", ["v1", "v1_mha", "v2", "v2_mqa", "base"])
 def test_kernel_gradients_match_float64(path, case):
   """Forward and every input's gradient against the float64 softmax-Jacobian reference."""
@@ -171,6 +179,13 @@ def test_kernel_gradients_match_float64(path, case):
   ref_out, ref_grads = np_attention(args, do, causal=True, seg=seg_ids)
   errors = {"out": rel_err(out, ref_out)}
   errors.update({n: rel_err(g, ref_grads[n]) for n, g in zip(names, grads)})
+  if "lam" in names and np.ndim(args["lam"]) == 0:
+    # A scalar lambda's gradient, -sum(o2 * do) over every token and head, cancels to a small
+    # fraction of its terms: its float32 rounding is measured against the terms' absolute sum.
+    o2 = (np_attention(dict(args, lam=np.float32(0)), do, causal=True, seg=seg_ids)[0]
+          - np_attention(dict(args, lam=np.float32(1)), do, causal=True, seg=seg_ids)[0])
+    lam_grad = grads[names.index("lam")]
+    errors["lam"] = float(abs(lam_grad - ref_grads["lam"]) / np.abs(o2 * do).sum())
   assert max(errors.values()) < 1e-5, errors
 
 
@@ -202,3 +217,34 @@ def test_explicit_decode_mask_matches_float64(path, case):
         want[b, :, n] -= lam_t[:, None] * (
             ref.softmax_map(q2[b, :, n], kk[b, :, g], mask[b], dk ** -0.5) @ v[b, :, g])
   assert rel_err(got, want) < 1e-5
+
+
+def test_packed_segments_give_each_run_its_offset_and_length():
+  """cuDNN's packed layout from segment ids: every contiguous run (id 0 included, as the segment
+  mask treats it) is a sequence; unused entries are -1."""
+  seg = jnp.asarray([[1, 1, 2, 2, 2, 3], [0, 0, 0, 0, 0, 0], [4, 5, 5, 5, 0, 0]], jnp.int32)
+  got = {k: np.asarray(v).tolist() for k, v in cudnn.packed_segments(seg).items()}
+  assert got["q_offsets"] == [[0, 2, 5, -1, -1, -1, -1], [0, -1, -1, -1, -1, -1, -1],
+                              [0, 1, 4, -1, -1, -1, -1]]
+  assert got["q_seqlen"] == [[2, 3, 1, -1, -1, -1], [6, -1, -1, -1, -1, -1],
+                             [1, 3, 2, -1, -1, -1]]
+  assert got["kv_offsets"] == got["q_offsets"] and got["kv_seqlen"] == got["q_seqlen"]
+
+
+def test_the_cudnn_kernel_says_once_which_layout_runs_and_why(capsys):
+  """On this host (no CUDA GPU) the exact layout is refused with its reason and the padded one
+  is chosen; the line comes once per process (the padded call itself then needs a GPU)."""
+  why = cudnn.exact_reason()
+  assert why and "\n" not in why
+  if jax.default_backend() == "cpu":
+    assert why == "the backend is cpu, not a CUDA GPU"
+  cudnn._SAID.clear()
+  q = jnp.ones((1, 4, 2, 8), jnp.bfloat16)
+  v = jnp.ones((1, 4, 2, 16), jnp.bfloat16)
+  cudnn.attention(q, q, v, q, q, 0.5, implementation="xla")  # a layout test: nothing to say
+  assert capsys.readouterr().out == ""
+  for _ in range(2):
+    with pytest.raises(Exception):  # noqa: B017  (jax refuses cuDNN without a GPU)
+      cudnn.attention(q, q, v, q, q, 0.5, implementation="cudnn")
+  out = capsys.readouterr().out
+  assert out.count("cudnn: padded layout") == 1 and why in out

@@ -33,7 +33,8 @@ def test_every_stage_wrote_its_record(results):
 def test_correctness_covers_every_path_and_variant_and_passes(results):
   cells = results["correctness"]["cells"]
   assert {c["variant"] for c in cells} == {"transformer", "diff", "shared_diff", "diff_v2"}
-  assert {c["path"] for c in cells} == {"reference", "xla", "pallas", "cudnn"}
+  assert {c["path"] for c in cells} == {"reference", "xla", "pallas", "cudnn",
+                                       "cudnn_exact_layout"}
   assert {(c["layout"], c["packed"]) for c in cells} == {("mha", False), ("gqa", False),
                                                          ("gqa", True)}
   assert all(c["ok"] for c in cells), [c for c in cells if not c["ok"]][:2]
@@ -47,6 +48,8 @@ def test_kernel_train_and_decode_stages_measure_every_variant(results):
   summary = results["kernels"]["summary"]
   assert {r["variant"] for r in summary} == {"transformer", "diff", "shared_diff", "diff_v2"}
   assert all(r["fastest_ms"] > 0 for r in summary)
+  assert {"cudnn", "cudnn_exact_layout"} <= set(summary[0]["ms"])  # both layouts timed
+  assert results["env"]["cudnn"]["exact_layout"] == "the backend is cpu, not a CUDA GPU"
   train = [c for c in results["train"]["cells"] if "tokens_per_s" in c]
   assert {(c["variant"], c["kernel"]) for c in train} >= {(v, "auto") for v in
                                                            ("transformer", "diff", "diff_v2")}

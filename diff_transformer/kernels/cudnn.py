@@ -1,14 +1,24 @@
-"""`jax.nn.dot_product_attention` with cuDNN's fused flash attention (GPU; `implementation='xla'`
-runs the same layout through XLA, which is how it is tested and timed on CPU).
+"""cuDNN's fused flash attention (GPU), in one of two layouts; `implementation='xla'` runs the
+padded layout through XLA, which is how it is tested and timed on CPU.
 
-dot_product_attention wants values exactly as wide as keys and one map per head, so the two
-softmax maps become extra query heads of ONE call:
+The two softmax maps become extra query heads of ONE call:
 - shared keys (DIFF V2): q1/q2 interleave back to 2H heads over the K kv heads, one GQA call;
-- separate keys (DIFF V1, Shared DIFF): heads [q1; q2] over kv heads [k1; k2] with values [v; v];
-  when values are wider than keys (V1's 2d), q and k are zero-padded to the value width and the
-  scale stays 1/sqrt(d), which leaves the logits unchanged.
+- separate keys (DIFF V1, Shared DIFF): heads [q1; q2] over kv heads [k1; k2] with values [v; v]
+  (autodiff sums the two halves of dV).
+
+- **exact** (where `exact_reason()` is '': jax's own cuDNN entry, jax._src.cudnn, on a CUDA GPU
+  with cuDNN >= 9.10 and compute capability 9.0+): q/k at the model's width with values wider
+  (cuDNN's "MLA" case: DIFF V1's d and 2d), and packed rows as cuDNN's packed layout (each
+  contiguous run of one segment id a sequence of its own: `packed_segments`), so no dense
+  [B, 1, T, T] mask and no bias gradient.
+- **padded** (elsewhere, and for an explicit decoding mask): `jax.nn.dot_product_attention`,
+  which wants values as wide as keys: q and k are zero-padded to the value width (the scale stays
+  1/sqrt(d), so the logits are unchanged) and segment ids become a dense mask.
+Which layout runs, and why, is said once per process.
 """
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -16,9 +26,81 @@ import jax.numpy as jnp
 from diff_transformer.kernels import common
 
 Array = jax.Array
+MLA_MIN_CUDNN = 91000  # cuDNN 9.10: values wider than q/k (jax's "mla" check)
+_SAID: set[str] = set()
 
 
-def _call(q, k, v, *, scale, causal, segment_ids, mask, implementation):
+@functools.cache
+def exact_reason() -> str:
+  """'' when this process can call cuDNN at the model's own widths with packed rows, else why
+  not (one line)."""
+  try:
+    from jax._src.cudnn import fused_attention_stablehlo as entry
+  except ImportError as e:
+    return f"this jax has no cuDNN entry of its own ({e})"
+  if jax.default_backend() != "gpu":
+    return f"the backend is {jax.default_backend()}, not a CUDA GPU"
+  try:
+    version = entry.check_cudnn_version()
+  except Exception as e:  # noqa: BLE001  (jax raises RuntimeError; a plugin may raise others)
+    return f"cuDNN not found ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
+  if version < MLA_MIN_CUDNN:
+    return f"cuDNN {version} is older than 9.10"
+  if not entry.check_compute_capability("9.0"):
+    return "the GPU's compute capability is below 9.0"
+  return ""
+
+
+def _say_once(line: str) -> None:
+  if line not in _SAID:
+    _SAID.add(line)
+    print(line, flush=True)
+
+
+def packed_segments(segment_ids_BT: Array) -> dict[str, Array]:
+  """cuDNN's packed layout of rows whose documents are contiguous runs of one segment id: per
+  row, each run's start (`*_offsets`, [B, T + 1]) and length (`*_seqlen`, [B, T]), left-aligned,
+  unused entries -1. Within a contiguous run, causal by position in the row is causal by
+  position in the run, so this computes what the segment mask does."""
+  B, T = segment_ids_BT.shape
+  pos = jnp.arange(T, dtype=jnp.int32)
+  new_run = jnp.concatenate([jnp.ones((B, 1), bool),
+                             segment_ids_BT[:, 1:] != segment_ids_BT[:, :-1]], axis=1)
+  boundary = jnp.where(new_run, pos, T)
+  starts = jnp.sort(boundary, axis=1)  # the runs' starts in order, then T
+  valid = starts < T
+  # the next boundary after each position: where the run holding it ends
+  after = jnp.concatenate([boundary[:, 1:], jnp.full((B, 1), T, boundary.dtype)], axis=1)
+  next_boundary = jax.lax.cummin(after, axis=1, reverse=True)
+  ends = jnp.take_along_axis(next_boundary, jnp.minimum(starts, T - 1), axis=1)
+  seqlen = jnp.where(valid, ends - starts, -1).astype(jnp.int32)
+  offsets = jnp.concatenate([jnp.where(valid, starts, -1), jnp.full((B, 1), -1, starts.dtype)],
+                            axis=1).astype(jnp.int32)
+  return dict(q_seqlen=seqlen, kv_seqlen=seqlen, q_offsets=offsets, kv_offsets=offsets)
+
+
+def cudnn_exact(q, k, v, *, scale, causal, q_seqlen=None, kv_seqlen=None, q_offsets=None,
+                kv_offsets=None) -> Array:
+  """One call of jax's cuDNN entry (BTNH; values may be wider than q/k)."""
+  from jax._src.cudnn import fused_attention_stablehlo as entry
+  kinds = entry.MaskType
+  if q_seqlen is None:
+    mask_type = kinds.CAUSAL if causal else kinds.NO_MASK
+  else:
+    mask_type = kinds.PADDING_CAUSAL if causal else kinds.PADDING
+  return entry.dot_product_attention(q, k, v, q_seqlen=q_seqlen, kv_seqlen=kv_seqlen,
+                                     q_offsets=q_offsets, kv_offsets=kv_offsets, scale=scale,
+                                     mask_type=mask_type)
+
+
+def _exact(core, q, k, v, *, scale, causal, segment_ids) -> Array:
+  packed = {} if segment_ids is None else packed_segments(segment_ids)
+  return core(q, k, v, scale=scale, causal=causal, **packed)
+
+
+def _padded(q, k, v, *, scale, causal, segment_ids, mask, implementation) -> Array:
+  width = max(q.shape[-1], v.shape[-1])
+  q, k = _pad_to(q, width), _pad_to(k, width)
   bias_mask = None
   if mask is not None:
     bias_mask = mask.astype(bool)[:, None]
@@ -30,28 +112,40 @@ def _call(q, k, v, *, scale, causal, segment_ids, mask, implementation):
 
 
 def attention(q1, k1, v, q2=None, k2=None, lam=None, *, segment_ids=None, causal=True, scale=None,
-              mask=None, implementation: str = "cudnn") -> Array:
+              mask=None, implementation: str = "cudnn", core=None, padded: bool = False,
+              separate_calls: bool = False) -> Array:
+  """The kernel contract (kernels/common.py) through cuDNN. `core`: the exact layout's attention
+  call (default `cudnn_exact` where `exact_reason()` allows it; the tests put an exact CPU
+  attention in cuDNN's place); `padded`: the padded layout even where the exact one runs;
+  `separate_calls`: DIFF V1's two maps as two calls sharing v instead of one call over [v; v]
+  (the GPU check times all three)."""
   common.check_shapes(q1, k1, v, q2, k2, lam)
   scale = common.default_scale(q1, scale)
-  kw = dict(scale=scale, causal=causal, segment_ids=segment_ids, mask=mask,
-            implementation=implementation)
+  if core is None and implementation == "cudnn" and mask is None and not padded:
+    why = exact_reason()
+    core = None if why else cudnn_exact
+    _say_once("cudnn: q/k at the model's width, packed rows in cuDNN's own layout" if not why
+              else f"cudnn: padded layout (q/k padded to the value width, a dense segment mask): "
+                   f"{why}")
+  if core is not None:
+    call = functools.partial(_exact, core, scale=scale, causal=causal, segment_ids=segment_ids)
+  else:
+    call = functools.partial(_padded, scale=scale, causal=causal, segment_ids=segment_ids,
+                             mask=mask, implementation=implementation)
   batch, q_len, heads, _ = q1.shape
   if q2 is None:
-    q, k = q1, k1
-    if v.shape[-1] != k1.shape[-1]:
-      q, k = _pad_to(q1, v.shape[-1]), _pad_to(k1, v.shape[-1])
-    return _call(q, k, v, **kw)
+    return call(q1, k1, v)
   lam_BTN1 = common.lam_per_query(lam, batch, q_len, heads)[..., None]
   if k2 is None and v.shape[-1] == k1.shape[-1]:
     q_BT2NH = jnp.stack([q1, q2], axis=3).reshape(batch, q_len, 2 * heads, q1.shape[-1])
-    o_BT2NH = _call(q_BT2NH, k1, v, **kw).reshape(batch, q_len, heads, 2, v.shape[-1])
+    o_BT2NH = call(q_BT2NH, k1, v).reshape(batch, q_len, heads, 2, v.shape[-1])
     o1, o2 = o_BT2NH[:, :, :, 0], o_BT2NH[:, :, :, 1]
+  elif separate_calls:
+    o1, o2 = call(q1, k1, v), call(q2, k1 if k2 is None else k2, v)
   else:
     k2 = k1 if k2 is None else k2
-    width = max(v.shape[-1], k1.shape[-1])
-    q = _pad_to(jnp.concatenate([q1, q2], axis=2), width)
-    k = _pad_to(jnp.concatenate([k1, k2], axis=2), width)
-    o = _call(q, k, jnp.concatenate([v, v], axis=2), **kw)
+    o = call(jnp.concatenate([q1, q2], axis=2), jnp.concatenate([k1, k2], axis=2),
+             jnp.concatenate([v, v], axis=2))
     o1, o2 = o[:, :, :heads], o[:, :, heads:]
   out = o1.astype(jnp.float32) - lam_BTN1 * o2.astype(jnp.float32)
   return out.astype(q1.dtype)

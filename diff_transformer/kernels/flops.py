@@ -5,19 +5,22 @@ FLOPs that MFU is measured against):
 - 'xla': one QK^T per map, ONE PV on the differential map; causal self-attention computes the
   query blocks' lower-left rectangles, sum_i rows_i * end_i (about (n + 1) / 2n of T x S);
 - 'reference': every map in full, and one PV per map;
-- 'cudnn': the dot_product_attention layout (kernels/cudnn.py): 2h query heads, q/k padded to the
-  value width when values are wider; flash attention skips masked blocks (counted as T*S/2);
+- 'cudnn': the layout of kernels/cudnn.py: 2h query heads; q/k padded to the value width when
+  values are wider, unless the exact layout runs here (cudnn.exact_reason() is ''); flash
+  attention skips masked blocks (counted as T*S/2);
 - 'pallas': one PV per map (two accumulators), masked blocks skipped (T*S/2).
 Backward: twice the forward for the einsum paths; the fused kernels also recompute QK^T.
 """
 from __future__ import annotations
 
-from diff_transformer.kernels import xla
+from diff_transformer.kernels import cudnn, xla
 
 
 def executed_flops(implementation: str, q1, k1, v, q2=None, *, causal: bool = True,
-                   backward: bool = False, block_q: int = xla.BLOCK_Q) -> float:
-  """FLOPs of one call (forward, or forward + backward); inputs may be ShapeDtypeStructs."""
+                   backward: bool = False, block_q: int = xla.BLOCK_Q,
+                   cudnn_exact: bool | None = None) -> float:
+  """FLOPs of one call (forward, or forward + backward); inputs may be ShapeDtypeStructs.
+  `cudnn_exact`: whether 'cudnn' runs its exact layout (None: as it would on this host)."""
   batch, q_len, heads, key_width = q1.shape
   kv_len, value_width = k1.shape[1], v.shape[-1]
   maps = 1 if q2 is None else 2
@@ -32,7 +35,9 @@ def executed_flops(implementation: str, q1, k1, v, q2=None, *, causal: bool = Tr
   elif implementation in ("reference", "pallas"):  # one PV product per map
     qk, pv = maps * key_width, maps * value_width
   elif implementation == "cudnn":
-    qk, pv = maps * max(key_width, value_width), maps * value_width
+    exact = not cudnn.exact_reason() if cudnn_exact is None else cudnn_exact
+    padded = key_width if exact else max(key_width, value_width)
+    qk, pv = maps * padded, maps * value_width
   else:
     raise ValueError(f"model.kernel: no FLOP count for kernel '{implementation}'")
   forward = per_area * (qk + pv)

@@ -24,6 +24,7 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from diff_transformer.data import synthetic
 from diff_transformer.model import build_model
 from diff_transformer.model.spec import ModelSpec
 from diff_transformer.sharding import BATCH, LENGTH, LOGICAL_RULES, constrain
@@ -54,6 +55,9 @@ class Trainer:
     self.schedule = learning_rate_schedule(config.train)
     self.micro_batches = int(config.train.micro_batches)
     self.z_loss = float(config.train.z_loss)
+    # Text rows pack documents (segment ids needed); a synthetic task's row is one sequence, so
+    # its all-ones segment ids are dropped and no kernel builds or differentiates a mask.
+    self.packed_rows = config.data.name not in synthetic.TASKS
     self.layout = ModelLayout(self.spec, mesh)
     self.tx = make_optimizer(config.train, decay_mask(self.layout.param_variables, config.train))
     self.replicated = NamedSharding(mesh, P())
@@ -116,7 +120,8 @@ class Trainer:
     """(objective, ((nll sum, z sum, correct sum), layer metrics)) of one (micro-)batch; the
     layer metrics (e.g. lambda, [L] each) come from the same forward as the logits."""
     model = nnx.merge(self.layout.graphdef, params, constants)
-    logits_BTV, layer_metrics = model(batch["inputs"], batch["positions"], batch["segment_ids"],
+    segment_ids_BT = batch["segment_ids"] if self.packed_rows else None
+    logits_BTV, layer_metrics = model(batch["inputs"], batch["positions"], segment_ids_BT,
                                       metric_weights_BT=batch["weights"])
     sums = loss.token_sums(logits_BTV, batch["targets"], batch["weights"])
     return loss.objective(sums[0], sums[1], self.z_loss, total_weight), (sums, layer_metrics)

@@ -82,3 +82,30 @@ def make_inputs(variant: str, *, B=1, T=40, N=4, K=2, d=8, seed=0, seg=False, dt
     seg_ids = np.cumsum(rng.random((B, T)) < 3.0 / T, axis=1).astype(np.int32)
   do = rng.standard_normal((B, T, N, dim_v))
   return args, seg_ids, do
+
+
+def exact_cpu_attention(q, k, v, *, scale, causal, q_seqlen=None, kv_seqlen=None, q_offsets=None,
+                        kv_offsets=None):
+  """What one call of cuDNN's entry computes (kernels/cudnn.cudnn_exact), exactly and on any
+  device, written from its contract: GQA heads, values as wide as they come, and in the packed
+  layout each sequence (offset, length) attending within itself; a query in no sequence gets 0.
+  The tests put it in cuDNN's place to check the exact layout's reshapes and map mix."""
+  import jax
+  T, S = q.shape[1], k.shape[1]
+  group = q.shape[2] // k.shape[2]
+  k, v = jnp.repeat(k, group, axis=2), jnp.repeat(v, group, axis=2)
+  ok = jnp.ones((q.shape[0], T, S), bool)
+  if causal:
+    ok &= jnp.tril(jnp.ones((T, S), bool))[None]
+  if q_offsets is not None:
+    def which(offsets, lengths, n):  # the sequence holding each position, -1 for none
+      pos = jnp.arange(n)[None, :, None]
+      inside = ((offsets[:, None, :-1] >= 0) & (pos >= offsets[:, None, :-1])
+                & (pos < offsets[:, None, :-1] + lengths[:, None, :]))
+      return jnp.where(inside.any(-1), jnp.argmax(inside, -1), -1)
+    sq, sk = which(q_offsets, q_seqlen, T), which(kv_offsets, kv_seqlen, S)
+    ok &= (sq[:, :, None] == sk[:, None, :]) & (sq >= 0)[:, :, None]
+  logits = jnp.einsum("btnh,bsnh->bnts", q.astype(jnp.float32), k.astype(jnp.float32)) * scale
+  logits = jnp.where(ok[:, None], logits, -1e30)  # finite: no NaN in the masked gradient
+  weights = jnp.where(ok[:, None].any(-1, keepdims=True), jax.nn.softmax(logits, axis=-1), 0.0)
+  return jnp.einsum("bnts,bsnh->btnh", weights, v.astype(jnp.float32)).astype(q.dtype)
