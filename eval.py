@@ -1,7 +1,7 @@
 """Evaluate a training run: `python eval.py --workdir runs/default --suites loss,needle [--quick]`.
 
 Restores the newest checkpoint (or --step) onto the devices at hand, whatever mesh trained it,
-runs the suites and writes <workdir>/eval/<suite>.json, plots and report.md.
+runs the suites and writes each suite's result, plots and report.md into the run folder.
 `python eval.py --compare runs/a runs/b ...` puts finished evaluations side by side
 (<parent>/compare/compare.md, or --compare_dir). See docs/evaluation.md.
 """
@@ -18,6 +18,7 @@ from absl import flags, logging  # noqa: E402
 from diff_transformer.evaluation import (SUITES, EvalError, Settings, evaluate,  # noqa: E402
                                          parse_suites, report)
 from diff_transformer.mesh import make_mesh  # noqa: E402
+from diff_transformer.runs.folder import RunFolder  # noqa: E402
 
 flags.DEFINE_string("workdir", "runs/default", "Training run directory (config + checkpoints).")
 flags.DEFINE_string("suites", "all", f"Comma-separated suites: {', '.join(SUITES)} (or all).")
@@ -92,7 +93,7 @@ def main(argv):
       needle_lengths=_ints(FLAGS.needle_lengths, "needle_lengths"),
       needle_configs=_pairs(FLAGS.needle_configs))
   evaluate(FLAGS.workdir, suites, step=FLAGS.step, mesh=_mesh(), settings=settings)
-  print(f"Report: {FLAGS.workdir}/eval/report.md")
+  print(f"Report: {RunFolder(FLAGS.workdir).eval_report}")
 
 
 if __name__ == "__main__":

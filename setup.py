@@ -13,7 +13,7 @@ setup(
     # flax 0.12.12 (the CPU suite, Python 3.12) and with flax 0.12.10 and orbax-checkpoint
     # 0.12.4 on an NVIDIA H200 (benchmarks/results/gpu_check_*.json).
     install_requires=[
-        "jax>=0.10.2,<0.12",
+        "jax>=0.10.2,<0.13",
         "flax>=0.12.8,<0.13",
         "optax>=0.2.8,<0.3",
         "orbax-checkpoint>=0.12.8,<0.13",
@@ -34,8 +34,8 @@ setup(
         # wheel: tests/test_packaging.py builds the wheel offline (--no-build-isolation)
         "test": ["pytest>=8", "pytest-xdist>=3.8", "filelock>=3.12", "wheel>=0.40"],
         "tpu": ["jax[tpu]>=0.10.2,<0.11"],
-        "cuda12": ["jax[cuda12]>=0.10.2,<0.12"],
-        "cuda13": ["jax[cuda13]>=0.10.2,<0.12"],  # the H200 check ran jax 0.11.2 with CUDA 13
+        "cuda12": ["jax[cuda12]>=0.10.2,<0.13"],
+        "cuda13": ["jax[cuda13]>=0.10.2,<0.13"],  # the H200 check ran jax 0.11.2 with CUDA 13
         # Hugging Face export/import, lm-eval and tiktoken files. Tested: transformers 5.23.0 with
         # torch 2.13.0+cpu and transformers 5.24.0 with torch 2.14.1; safetensors 0.8.0, lm-eval
         # 0.4.13, accelerate 1.15.0 (lm-eval's hf model needs it), tiktoken 0.14.0. For the CPU build of torch add

@@ -184,7 +184,7 @@ def versions() -> dict:
 
 def cudnn_info() -> dict:
   """The cuDNN version jax loaded, and whether the exact layout (kernels/cudnn.py) runs here."""
-  from diff_transformer.kernels import cudnn
+  from diff_transformer.kernels import cudnn  # as the stage modules do: after main's options
   try:
     from jax._src.cudnn import fused_attention_stablehlo as entry
     version = entry.check_cudnn_version()
@@ -221,7 +221,9 @@ def stage_env(out: Path, cpu: bool, seconds: float) -> None:
   rec = Record(out, "env", cpu_mode=cpu, devices=[str(d) for d in jax.devices()],
                nvidia_smi={} if cpu else nvidia_smi(), cudnn=cudnn_info())
   try:
-    rec.set(environment_info=jax.print_environment_info(return_string=True))
+    info = jax.print_environment_info(return_string=True)
+    cache = os.environ.get("JAX_COMPILATION_CACHE_DIR")
+    rec.set(environment_info=info.replace(cache, "<compile cache>") if cache else info)
   except Exception as e:  # informational only
     rec.set(environment_info=error_text(e))
   sizes = (256,) if cpu else (8192,)

@@ -1,4 +1,5 @@
-"""gpu_check stages 1-2: every attention path against the float64 oracle, then its speed.
+"""gpu_check's correctness and kernels stages: every attention path against the float64 oracle,
+then its speed.
 
 Kernel inputs come from each variant's own `project` (training/metrics.kernel_inputs), so a cell
 runs exactly the call the model makes: Shared DIFF's call has DIFF V1's form (separate keys,

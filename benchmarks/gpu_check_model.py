@@ -1,8 +1,10 @@
-"""gpu_check stages 3-4: the train step (the papers' Table 7 analog) and KV-cache decoding.
+"""gpu_check's train, profile and decode stages: the train step (the papers' Table 7 analog), the
+step's profile by kernel class, and KV-cache decoding.
 
-Train: the 830M preset of every variant with its depth cut (--train_layers; compile time does
-not grow with depth, the layers are scanned, but 4 states must fit beside each other), in
-bfloat16, at T = 2K and 4K with B x T = 16K tokens per step. Each variant runs with kernel=auto
+Train: the --size preset (830M by default) of every variant with its depth cut (--train_layers,
+0: full depth; compile time does not grow with depth, the layers are scanned, but 4 states must
+fit beside each other), in bfloat16, at T = 2K and 4K with B x T = --train_tokens (16K) tokens
+per step and --remat as given. Each variant runs with kernel=auto
 and with the other fused path (Pallas or cuDNN, whichever auto did not pick). Variants are timed
 in turn, round by round; each round's tokens/s is divided by the Transformer's of that round.
 Then one orbax save and restore: the two steps after the restore must give the losses of the

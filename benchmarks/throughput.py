@@ -214,11 +214,18 @@ def main() -> None:
     print("README.md throughput block regenerated")
 
 
+def _shown(path: str) -> str:
+  """A path as a committed result may name it: within the checkout, or only its file name."""
+  path = Path(path).resolve()
+  return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else f"<elsewhere>/{path.name}"
+
+
 def write_json(args, rows, peak_tflops, peak_source, load_start, started) -> dict:
   device = jax.devices()[0]
   out = dict(device=f"{device.platform}:{device.device_kind}", devices=jax.device_count(),
              host=platform.node(), cpu_count=os.cpu_count(), processor=platform.processor(),
-             args=vars(args), peak_tflops_per_device=peak_tflops, peak_source=peak_source,
+             args=dict(vars(args), out=_shown(args.out), plot=_shown(args.plot)),
+             peak_tflops_per_device=peak_tflops, peak_source=peak_source,
              load_average_start=load_start, load_average_end=os.getloadavg(),
              seconds=round(time.time() - started), results=rows)
   Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -27,7 +27,8 @@ def request_determinism(deterministic: bool) -> bool:
   flags = os.environ.get("XLA_FLAGS", "")
   if not deterministic or DETERMINISTIC_FLAG in flags.split():
     return False
-  if jax._src.xla_bridge.backends_are_initialized():  # pylint: disable=protected-access
+  from jax._src import xla_bridge  # jax's public API cannot tell whether the backend started
+  if xla_bridge.backends_are_initialized():
     raise TrainError("train.deterministic: the device backend already started; set it on "
                      "train.py's command line or in XLA_FLAGS before jax starts")
   os.environ["XLA_FLAGS"] = f"{flags} {DETERMINISTIC_FLAG}".strip()

@@ -138,7 +138,7 @@ def test_refuses_what_the_target_cannot_hold(tmp_path, field, value, needle):
   workdir = tmp_path / "run"
   workdir.mkdir()
   (workdir / "config.json").write_text(config.to_json_best_effort())
-  (workdir / "tokenizer_record.json").write_text("{}")
+  (workdir / "tokenizer_record.json").write_text('{"name": "byte", "vocab_size": 257}')
   with pytest.raises(InteropError, match=needle) as e:
     export_run(workdir, tmp_path / "hf")
   assert "\n" not in str(e.value)

@@ -121,7 +121,7 @@ def test_only_the_run_folder_module_spells_the_run_folder():
   for p in SOURCES:
     if p != owner:
       text = p.read_text()
-      spelled = [n for n in RUN_FILES if re.search(rf"[\"']{re.escape(n)}[\"'/]", text)
+      spelled = [n for n in RUN_FILES if re.search(rf"[\"'/]{re.escape(n)}[\"'/]", text)
                  and (n, str(p.relative_to(ROOT))) not in NAMESAKES]
       assert not spelled, f"{p.relative_to(ROOT)} spells {spelled}: use runs.folder"
 

@@ -38,9 +38,11 @@ def test_file_tokenizer_is_recorded_and_round_trips(prepared):
 
 def test_bad_tokenizer_file_is_one_line(tmp_path, prepared):
   tmp, _, _ = prepared
-  bad = tmp_path / "tokenizer.json"
+  bad, other = tmp_path / "tokenizer.json", tmp_path / "other.json"
   bad.write_text("{not json")
-  for path, needle in ((tmp_path / "missing.json", "not found"), (bad, "not a Hugging Face")):
+  other.write_text('{"model": 3}')
+  for path, needle in ((tmp_path / "missing.json", "not found"), (bad, "damaged JSON"),
+                       (other, "not a Hugging Face")):
     with pytest.raises(DataError, match=needle) as e:
       prepare_files([tmp / "corpus"], tmp_path / "out", tokenizer="file", tokenizer_file=path)
     assert "\n" not in str(e.value)

@@ -20,8 +20,8 @@ if [[ "${1:-}" == "--fetch-wheels" ]]; then
 fi
 MODE=()
 # Stage caps in seconds. Compiling dominates on the GPU (measured on an H200: 12 attention
-# programs 42-56 s, 16 train steps 38-61 s, 16 decode programs 34-40 s), so the stages take two
-# calls of about 5.5 minutes: --part 1 and --part 2. env: 12 s warm, over 20 s on a cold machine.
+# programs 42-56 s, 16 train steps 38-61 s, 16 decode programs 34-40 s), so the stages split into
+# two jobs of about 5.5 minutes each: --part 1 and --part 2. env: 12 s warm, over 20 s cold.
 CAPS=(env:40 decode:120 correctness:170 kernels:150 train:150 profile:80 tests:60)
 case "${1:-}" in
   --part) [[ "$2" == 1 ]] && CAPS=("${CAPS[@]:0:3}") || CAPS=("${CAPS[@]:3}"); shift 2 ;;

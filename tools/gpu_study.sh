@@ -6,7 +6,8 @@
 #   bash tools/gpu_study.sh SECONDS RESULTS STUDY_FLAGS...        # on the GPU machine
 #   bash tools/gpu_study.sh --cpu SECONDS RESULTS STUDY_FLAGS...  # the same on this machine
 #
-# e.g., from a lent session (carry .whl and .cache; docs/synthetic.md, "A study on a lent GPU"):
+# e.g. as one job on a GPU machine without network (copy .whl and .cache beside the checkout;
+# docs/synthetic.md, "A study in deadline-bounded jobs"):
 #   bash tools/gpu_study.sh 480 docs/results/study_lm_width \
 #     --study=configs/studies/lm_width.py --population=8 --jobs=1
 # Writes to $OUT (or ./gpu_study_out): study.log (the driver's output) and study.tar.gz, the

@@ -1,4 +1,5 @@
-"""Restore a run, run the chosen suites, write <run>/eval/<suite>.json, plots and report.md."""
+"""Restore a run, run the chosen suites, write each suite's result into the run folder
+(runs/folder.py eval_result), plots and report.md."""
 from __future__ import annotations
 
 import functools

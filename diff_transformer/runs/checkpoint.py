@@ -1,7 +1,7 @@
 """Orbax checkpoints of model + optimizer + grain iterator, with fallback on damaged steps.
 
-  <workdir>/checkpoints/<step>/   orbax items: model, optimizer, data (grain state), meta (json)
-  <workdir>/corrupt_checkpoints/  unreadable checkpoints moved aside when an older one was usable
+  RunFolder.checkpoints/<step>/     orbax items: model, optimizer, data (grain state), meta (json)
+  RunFolder.corrupt_checkpoints     unreadable checkpoints moved aside when an older one was usable
 
 Each checkpoint's meta records an exact, sharding-independent digest of its model and optimizer
 arrays; a restore whose arrays do not reproduce it is treated as corrupted, so a damaged file
@@ -176,8 +176,9 @@ class Checkpointer:
     """(state, step) from `step` or the newest readable checkpoint; None if there is none.
     `abstract` is a train state, or with model_only its model half {params, constants}.
 
-    A damaged newest checkpoint is reported in one line and moved to corrupt_checkpoints/ once
-    an older one restored (nothing is deleted); if none restores, TrainError refuses to go on.
+    A damaged newest checkpoint is reported in one line and moved aside
+    (RunFolder.corrupt_checkpoints) once an older one restored (nothing is deleted); if none
+    restores, TrainError refuses to go on.
     """
     steps = sorted(self.manager.all_steps(), reverse=True)
     if step is not None:

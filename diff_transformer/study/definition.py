@@ -14,7 +14,8 @@ STUDY.get_config`, so a point trains as `python train.py --config=<file>:<point>
   compares on).
 
 The runner pins what the in-process study decided (lr, grid steps and seed, overrides) on each
-child's command line, so a child that loads the study file afresh trains exactly that point.
+child's command line (study/pins.py), so a child that loads the study file afresh trains exactly
+that point.
 
 The design is checked before any run (`validate`): the primary family (one comparison per
 variant against the Transformer, or the study's pre-named `comparisons`, Holm-corrected) must
@@ -246,25 +247,6 @@ class Study:
     if lr is not None:
       at_lr(config.train, lr)
     return config
-
-  def lr_args(self, point: str, lr: float) -> tuple[str, ...]:
-    """train.py flags that run a compared point at `lr` (the preset's decay ratio kept)."""
-    t = self.resolved_config(point, lr).train
-    return (f"--config.train.lr={t.lr!r}", f"--config.train.final_lr={t.final_lr!r}")
-
-  def grid_args(self, point: str) -> tuple[str, ...]:
-    """train.py flags that pin a grid point's lr, steps and seed."""
-    c = self.get_config(point)
-    t = c.train
-    return (f"--config.train.lr={t.lr!r}", f"--config.train.final_lr={t.final_lr!r}",
-            f"--config.train.steps={t.steps}", f"--config.train.checkpoint_every={t.checkpoint_every}",
-            f"--config.train.eval_every={t.eval_every}", f"--config.train.seed={t.seed}",
-            f"--config.data.seed={c.data.seed}")
-
-  def override_args(self) -> tuple[str, ...]:
-    """The overrides as train.py flags (the runs' own command lines carry them)."""
-    stop = (("train.stop_at_val_accuracy", self.level),) if self.stop_at_level and self.level else ()
-    return tuple(f"--config.{k}={v}" for k, v in self.overrides + stop)
 
   @functools.cached_property
   def is_task(self) -> bool:

@@ -17,7 +17,7 @@ from diff_transformer.model.spec import ModelSpec
 from diff_transformer.paths import write_atomic
 from diff_transformer.runs.folder import RunFolder
 from diff_transformer.study import grid as lr_grid
-from diff_transformer.study import records, run_metrics
+from diff_transformer.study import pins, records, run_metrics
 from diff_transformer.study.definition import Study
 from diff_transformer.runs.record import setting
 
@@ -127,10 +127,11 @@ def _run_points(study: Study, study_file: str, root: Path, results: Path, points
   record = _grid_point_record if grid else _point_record
   def on_done(point: str, workdir: str) -> None:
     record(study, point, Path(workdir), results, configs[point], settings[point])
-  point_args = {p: (study.grid_args(p) if grid else
-                    study.lr_args(p, lrs[p]) if lrs.get(p) is not None else ()) for p in todo}
+  point_args = {p: (pins.grid_args(study, p) if grid else
+                    pins.lr_args(study, p, lrs[p]) if lrs.get(p) is not None else ())
+                for p in todo}
   ran = launch.run(study, study_file, str(root), points=todo,
-                   extra_args=study.override_args(), point_args=point_args,
+                   extra_args=pins.override_args(study), point_args=point_args,
                    keep_going=True, jobs=jobs, on_done=on_done, settings=settings, retrain=retrain,
                    groups=populations(study, todo, population, grid))
   for p, why in ran.items():
