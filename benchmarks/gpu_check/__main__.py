@@ -1,0 +1,50 @@
+"""The GPU check's driver: `python -m benchmarks.gpu_check --stage NAME --out OUT [--cpu]` runs one
+stage of stages.py (tools/gpu_check.sh runs each in its own process under its cap)."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import time
+from pathlib import Path
+
+from benchmarks.gpu_check import ROOT
+from benchmarks.gpu_check.common import OPTIONS
+from benchmarks.gpu_check.stages import BY_NAME, STAGES
+
+
+def main() -> None:
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--stage", choices=(*BY_NAME, "all"), default="all",
+                 help="; ".join(f"{s.name}: {s.what}" for s in STAGES))
+  p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+  p.add_argument("--cpu", action="store_true", help="tiny shapes, Pallas interpreted")
+  p.add_argument("--seconds", type=float, default=120.0, help="this stage's time cap")
+  p.add_argument("--train_layers", type=int, default=12, help="layer cut of the preset; 0: its "
+                 "full depth")
+  p.add_argument("--size", default="830m", help="the configs/scaling.py preset size the kernels, "
+                 "train, profile and decode stages use (e.g. 3b)")
+  p.add_argument("--remat", default="none", help="train and profile: model.remat")
+  p.add_argument("--train_tokens", type=int, default=16384, help="train: tokens per step")
+  p.add_argument("--lengths", default="", help="comma-separated T replacing the stage's (GPU)")
+  p.add_argument("--labels", default="auto,other", help="train: kernel=auto and/or the other path")
+  p.add_argument("--tag", default="", help="suffix of the output file's name")
+  p.add_argument("--cases", default="", help="correctness: the groups to run, e.g. "
+                 "gqa:256,packed:256,mha:2048,3b:2048:packed (layout or packed, then T)")
+  args = p.parse_args()
+  OPTIONS.update(lengths=[int(t) for t in args.lengths.split(",") if t] or None,
+                 labels=tuple(args.labels.split(",")), tag=args.tag,
+                 cases=tuple(c for c in args.cases.split(",") if c), size=args.size,
+                 train_layers=args.train_layers, remat=args.remat,
+                 train_tokens=args.train_tokens)
+  out = Path(args.out)
+  out.mkdir(parents=True, exist_ok=True)
+  for stage in ([s for s in STAGES if s.part] if args.stage == "all" else [BY_NAME[args.stage]]):
+    start = time.time()
+    print(f"== {stage.name}", flush=True)
+    module = importlib.import_module(f"benchmarks.gpu_check.{stage.module}")
+    getattr(module, f"stage_{stage.name}")(out, args.cpu, args.seconds)
+    print(f"== {stage.name} done in {time.time() - start:.1f} s", flush=True)
+
+
+if __name__ == "__main__":
+  main()

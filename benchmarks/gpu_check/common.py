@@ -1,0 +1,161 @@
+"""What the GPU check's stages share: the command line's options, one stage's JSON record, time
+caps, compiling many programs at once, interleaved timing, the model configs they build."""
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from bench_common import paper_config, small_config
+from diff_transformer.errors import first_line
+from diff_transformer.paths import write_atomic
+
+PACKAGES = ("jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda13-pjrt", "flax", "optax",
+            "orbax-checkpoint", "chex", "grain", "ml-collections", "numpy", "triton",
+            "tensorboardX")
+
+# Set by main from the command line: lengths (override a stage's GPU lengths), labels (the train
+# stage's groups: auto, other), tag (appended to the output file's name, for a partial rerun),
+# cases (the correctness groups to run), size / train_layers / remat / train_tokens (the
+# preset the model stages build).
+OPTIONS: dict = dict(lengths=None, labels=("auto", "other"), tag="", cases=(), size="830m",
+                     train_layers=12, remat="none", train_tokens=16384)
+
+
+def lengths_or(default: tuple[int, ...]) -> tuple[int, ...]:
+  return tuple(OPTIONS["lengths"]) if OPTIONS["lengths"] else default
+
+
+class Record:
+  """One stage's JSON, rewritten (atomically) after every cell."""
+
+  def __init__(self, out: Path, stage: str, **fields):
+    self.path = out / f"gpu_check_{stage}{OPTIONS['tag']}.json"
+    device = jax.devices()[0]
+    self.data = dict(stage=stage, device=f"{device.platform}:{device.device_kind}",
+                     driver=nvidia_smi().get("driver_version") if device.platform == "gpu" else None,
+                     versions=versions(), xla_flags=os.environ.get("XLA_FLAGS", ""),
+                     host=platform.node(), started=time.time(), **fields, cells=[])
+    self.write()
+
+  def add(self, cell: dict) -> dict:
+    self.data["cells"].append(cell)
+    self.write()
+    return cell
+
+  def set(self, **fields) -> None:
+    self.data.update(fields)
+    self.write()
+
+  def write(self) -> None:
+    self.data["seconds"] = round(time.time() - self.data["started"], 1)
+    write_atomic(self.path, json.dumps(self.data, indent=1, default=_jsonable) + "\n")
+
+
+def _jsonable(x):
+  if isinstance(x, (np.floating, np.integer, np.bool_)):
+    return x.item()
+  if isinstance(x, (np.ndarray, jax.Array)):
+    return np.asarray(x).tolist()
+  return str(x)
+
+
+class Deadline:
+  def __init__(self, seconds: float):
+    self.end = time.time() + seconds
+
+  def left(self) -> float:
+    return self.end - time.time()
+
+
+def error_text(e: BaseException) -> str:
+  return f"{type(e).__name__}: {first_line(e, 400)}"
+
+
+def lower_or_error(fn, *args):
+  """jit(fn).lower(*args), or the exception (a path that rejects the shapes fails here)."""
+  try:
+    return jax.jit(fn).lower(*args)
+  except Exception as e:  # recorded per cell
+    return e
+
+
+def compile_all(lowered: dict, workers: int) -> dict:
+  """{key: compiled executable or exception}. XLA compiles release the GIL, so a thread pool
+  compiles many programs at once; nothing is timed while this runs."""
+  def one(low):
+    if isinstance(low, BaseException):
+      return low
+    try:
+      return low.compile()
+    except Exception as e:  # recorded per cell
+      return e
+
+  with ThreadPoolExecutor(max(1, workers)) as pool:
+    return dict(zip(lowered, pool.map(one, lowered.values())))
+
+
+def interleaved_times(calls: dict, rounds: int, inner: int, deadline: Deadline | None = None
+                      ) -> dict:
+  """{key: [seconds per call, one per round]}: each call warmed once, then A B C, A B C, ...
+  so a change in the device's state hits every call alike."""
+  for call in calls.values():
+    jax.block_until_ready(call())
+  times = {k: [] for k in calls}
+  for _ in range(rounds):
+    if deadline is not None and deadline.left() < 0 and all(times.values()):
+      break
+    for k, call in calls.items():
+      start = time.perf_counter()
+      for _ in range(inner):
+        out = call()
+      jax.block_until_ready(out)
+      times[k].append((time.perf_counter() - start) / inner)
+  return times
+
+
+def temp_bytes(compiled) -> int | None:
+  try:
+    return int(compiled.memory_analysis().temp_size_in_bytes)
+  except Exception:  # not every backend reports it
+    return None
+
+
+def versions() -> dict:
+  out = {"python": sys.version.split()[0]}
+  for name in PACKAGES:
+    try:
+      out[name] = importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+      out[name] = None
+  return out
+
+
+def nvidia_smi() -> dict:
+  query = "name,driver_version,memory.total,clocks.max.sm,clocks.sm,power.limit,compute_cap"
+  try:
+    text = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader"],
+                          capture_output=True, text=True, timeout=20).stdout.strip()
+  except (OSError, subprocess.TimeoutExpired) as e:
+    return {"error": error_text(e)}
+  return dict(zip(query.split(","), (v.strip() for v in text.split("\n")[0].split(","))))
+
+
+def model_config(variant: str, cpu: bool, *, seq_len: int, batch: int, kernel: str):
+  """The model stages' config: the preset OPTIONS['size'] names, its depth cut to
+  OPTIONS['train_layers'] (0: full depth), remat as OPTIONS says; on CPU a small config."""
+  if cpu:
+    return small_config(variant, seq_len=seq_len, batch=batch, kernel=kernel)
+  c = paper_config(variant, seq_len=seq_len, batch=batch, layers=OPTIONS["train_layers"],
+                   kernel=kernel, size=OPTIONS["size"])
+  c.model.remat = OPTIONS["remat"]
+  return c

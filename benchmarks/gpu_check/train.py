@@ -1,0 +1,186 @@
+"""The train stage: the train step (the papers' Table 7 analog).
+
+The --size preset (830M by default) of every variant with its depth cut (--train_layers, 0: full
+depth; compile time does not grow with depth, the layers are scanned, but 4 states must fit
+beside each other), in bfloat16, at T = 2K and 4K with B x T = --train_tokens (16K) tokens per
+step and --remat as given. Each variant runs with kernel=auto and with the other fused path
+(Pallas or cuDNN, whichever auto did not pick). Variants are timed in turn, round by round; each
+round's tokens/s is divided by the Transformer's of that round. Then one orbax save and restore:
+the two steps after the restore must give the losses of the two steps after the save (bit for
+bit where the device repeats itself bit for bit: the same two steps rerun from a copy of the
+saved state measure that).
+"""
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bench_common import spread, synthetic_batch
+from benchmarks.gpu_check.common import (OPTIONS, Deadline, Record, compile_all, error_text,
+                                         lengths_or, model_config)
+from diff_transformer.mesh import global_batch, make_mesh
+from diff_transformer.model.attention import PAPER_VARIANTS
+from diff_transformer.model.spec import ModelSpec
+from diff_transformer.params import count
+from diff_transformer.runs.checkpoint import Checkpointer
+from diff_transformer.runs.layout import fingerprint
+from diff_transformer.training.metrics import executed_flops_per_token, train_flops_per_token
+from diff_transformer.training.peak import peak_tflops_per_device
+from diff_transformer.training.step import Trainer
+
+FUSED = ("pallas", "cudnn")
+
+
+def _copy(tree):
+  return jax.tree.map(jnp.copy, tree)
+
+
+def stage_train(out: Path, cpu: bool, seconds: float, timing: bool = True) -> None:
+  """timing=False: only the orbax check (DIFF V1, kernel=auto, the first length)."""
+  deadline = Deadline(seconds - 10)
+  tokens, lengths = (64, (32,)) if cpu else (OPTIONS["train_tokens"], lengths_or((2048, 4096)))
+  rounds, steps = (2, 1) if cpu else (5, 3)
+  peak, peak_source = peak_tflops_per_device(0.0, "bfloat16")
+  layers = OPTIONS["train_layers"]
+  rec = Record(out, "train" if timing else "train_orbax", layers=layers, tokens_per_step=tokens,
+               lengths=lengths, rounds=rounds, steps_per_round=steps, peak_tflops=peak, peak_source=peak_source,
+               preset="small_config" if cpu else f"configs/scaling.py <variant>-{OPTIONS['size']}, "
+               f"num_layers {layers or 'full depth'}, bfloat16, remat {OPTIONS['remat']}")
+  # CPU mode checks this stage's code, not speeds, so the other kernel runs for DIFF V1 alone
+  # (every variant's Pallas train step is checked against XLA's in tests/test_pallas_model.py).
+  other_variants = ("diff",) if cpu else PAPER_VARIANTS
+  runs, lowered = [], {}
+  for T in lengths:
+    batch = max(1, tokens // T)
+    for label in OPTIONS["labels"] if timing else ("auto",):
+      for variant in PAPER_VARIANTS if label == "auto" else other_variants:
+        if not timing and (variant, label, T) != ("diff", "auto", lengths[0]):
+          continue
+        auto = model_config(variant, cpu, seq_len=T, batch=batch, kernel="auto")
+        chosen = executed_flops_per_token(ModelSpec.from_config(auto.model), T)[1]
+        kernel = "auto" if label == "auto" else next(k for k in FUSED if k != chosen)
+        run = dict(variant=variant, T=T, batch=batch, label=label, kernel=kernel,
+                   runs=chosen if kernel == "auto" else kernel)
+        try:
+          config = model_config(variant, cpu, seq_len=T, batch=batch, kernel=kernel)
+          trainer = Trainer(config, make_mesh(config.mesh))
+          data = global_batch(trainer.mesh, synthetic_batch(batch, T, config.model.vocab_size))
+          lowered[len(runs)] = trainer.lower_train_step(data)
+          spec = trainer.spec
+          run.update(trainer=trainer, data=data, params=count(spec)["params"],
+                     model_flops=train_flops_per_token(spec, T) * batch * T,
+                     executed_flops=executed_flops_per_token(spec, T)[0] * batch * T)
+        except Exception as e:  # recorded per run
+          lowered[len(runs)] = e
+        runs.append(run)
+  start = time.time()
+  compiled = compile_all(lowered, 16)
+  rec.set(compile_s=round(time.time() - start, 1), programs=len(lowered))
+  states = {}
+  for T in lengths:
+    for label in ("auto", "other"):
+      group = [(i, r) for i, r in enumerate(runs) if r["T"] == T and r["label"] == label]
+      ready = {}
+      for i, r in group:
+        if isinstance(compiled[i], BaseException):
+          r["error"] = error_text(compiled[i])
+          continue
+        if r["variant"] not in states:
+          states[r["variant"]] = r["trainer"].init()
+        ready[i] = r
+      if timing and deadline.left() > 0 and ready:
+        _time_group(ready, compiled, states, rounds, steps, peak * 1e12)
+      for i, r in group if timing else ():
+        rec.add({k: v for k, v in r.items() if k not in ("trainer", "data")}
+                | ({} if i in ready or "error" in r else dict(skipped="stage time cap")))
+  rec.set(summary=train_summary(rec.data["cells"]))
+  diff_run = next((i for i, r in enumerate(runs) if r["variant"] == "diff" and r["label"] == "auto"
+                   and not isinstance(compiled[i], BaseException)), None)
+  if diff_run is not None and "diff" in states and deadline.left() > 0:
+    run = runs[diff_run]
+    for variant in [v for v in states if v != "diff"]:  # room for the copies the check makes
+      del states[variant]
+    rec.set(orbax=_orbax_check(run["trainer"], compiled[diff_run], states["diff"], run["data"]))
+
+
+def stage_train_orbax(out: Path, cpu: bool, seconds: float) -> None:
+  """The orbax check alone (DIFF V1, kernel=auto, the first length)."""
+  stage_train(out, cpu, seconds, timing=False)
+
+
+def _time_group(ready: dict, compiled: dict, states: dict, rounds: int, steps: int,
+                peak_flops: float) -> None:
+  """Interleaved rounds over the group's variants; state threads through (donated)."""
+  times = {i: [] for i in ready}
+  losses = {}
+  for i, r in ready.items():  # warm-up step
+    states[r["variant"]], m = compiled[i](states[r["variant"]], r["data"])
+    jax.block_until_ready(m)
+  for _ in range(rounds):
+    for i, r in ready.items():
+      start = time.perf_counter()
+      for _ in range(steps):
+        states[r["variant"]], m = compiled[i](states[r["variant"]], r["data"])
+      losses[i] = float(m["loss"])  # waits for the last step
+      times[i].append((time.perf_counter() - start) / steps)
+  base = next((i for i, r in ready.items() if r["variant"] == "transformer"), None)
+  for i, r in ready.items():
+    step_s = float(np.median(times[i]))
+    r.update(step_s=spread(times[i]), tokens_per_s=r["batch"] * r["T"] / step_s,
+             mfu=r["model_flops"] / step_s / peak_flops, hfu=r["executed_flops"] / step_s / peak_flops,
+             last_loss=losses[i])
+    if base is not None:
+      r["tokens_per_s_vs_transformer"] = spread([b / t for t, b in zip(times[i], times[base])])
+
+
+def train_summary(cells: list[dict]) -> list[dict]:
+  return [dict(T=c["T"], variant=c["variant"], kernel=c["kernel"], runs=c["runs"],
+               tokens_per_s=round(c["tokens_per_s"]), mfu=round(c["mfu"], 4),
+               vs_transformer=c.get("tokens_per_s_vs_transformer", {}).get("median"))
+          for c in cells if "tokens_per_s" in c]
+
+
+def _orbax_check(trainer, step, state, data) -> dict:
+  """Save, take two steps; restore, take the same two; and the same two again from a copy."""
+  folder = Path(tempfile.mkdtemp(prefix="gpu_check_ckpt_", dir="/dev/shm" if Path("/dev/shm").is_dir() else None))
+  try:
+    second = jax.tree.map(lambda x: jnp.roll(x, 1, axis=0) if x.ndim else x, data)
+
+    def two_steps(s):
+      s, m1 = step(s, data)
+      s, m2 = step(s, second)
+      return [float(m1["loss"]), float(m2["loss"])], fingerprint(s["params"])
+
+    state = _copy(state)
+    for _ in range(2):  # optimizer moments that are not zero
+      state, _ = step(state, second)
+    start = time.time()
+    ckpt = Checkpointer(folder)
+    ckpt.save(int(state["step"]), state, None)
+    ckpt.wait()
+    save_s = time.time() - start
+    rerun = two_steps(_copy(state))
+    after_save = two_steps(_copy(state))
+    start = time.time()
+    restored, restored_step = ckpt.restore(trainer.abstract_state)
+    restore_s = time.time() - start
+    after_restore = two_steps(restored)
+    ckpt.close()
+    return dict(step=restored_step, save_s=save_s, restore_s=restore_s,
+                losses_after_save=after_save[0], losses_after_restore=after_restore[0],
+                losses_rerun_from_copy=rerun[0],
+                restore_losses_equal=after_save[0] == after_restore[0],
+                restore_params_equal=after_save[1] == after_restore[1],
+                rerun_losses_equal=after_save[0] == rerun[0],
+                rerun_params_equal=after_save[1] == rerun[1],
+                max_loss_diff=max(abs(a - b) for a, b in zip(after_save[0], after_restore[0])))
+  except Exception as e:  # recorded
+    return dict(error=error_text(e))
+  finally:
+    shutil.rmtree(folder, ignore_errors=True)
