@@ -11,7 +11,8 @@ setup(
     # Ranges tested here: jax 0.10.2, flax 0.12.8, optax 0.2.8, orbax-checkpoint 0.12.8,
     # grain 0.2.18, ml-collections 1.1.0, chex 0.1.92 (Python 3.11, CPU); jax 0.11.2 with
     # flax 0.12.12 (the CPU suite, Python 3.12) and with flax 0.12.10 and orbax-checkpoint
-    # 0.12.4 on an NVIDIA H200 (benchmarks/results/gpu_check_*.json).
+    # 0.12.4 on an NVIDIA H200 (benchmarks/results/gpu_check_*.json); jax 0.12.0.1 with flax
+    # 0.12.12 (the CPU suite, Python 3.12: CI's second leg).
     install_requires=[
         "jax>=0.10.2,<0.13",
         "flax>=0.12.8,<0.13",
