@@ -441,7 +441,8 @@ def test_the_width_study_is_parameter_matched_at_every_width_with_v1s_heads_by_s
   from diff_transformer.model.spec import ModelSpec
   study = cli.load_definition(str(ROOT / "configs/studies/lm_width.py"), "study",
                               "STUDY").validate()
-  assert study.design()["primary"]["comparisons"] == 2 and study.primary == "loss@512-128"
+  assert study.design()["primary"]["comparisons"] == 3 and study.primary == "loss@512-128"
+  assert study.design()["primary"]["can_resolve"] and study.grid_by_primary
   for size in study.sizes:
     configs = {v: study.get_config(f"{study.cell_name(v, size)}-s0") for v in study.variants}
     counts = {v: params.count(ModelSpec.from_config(c.model))["params"]
