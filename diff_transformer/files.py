@@ -51,6 +51,8 @@ KINDS: dict[str, Shape] = {
     "tiktoken record": Shape(dict, (("encoding", str),)),
     # a study's results
     "study results": Shape(dict, (("study", dict),)),
+    # a measured matmul peak, cached per device (training/peak.py)
+    "peak cache": Shape(dict, (("tflops", float),)),
 }
 
 

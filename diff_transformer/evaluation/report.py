@@ -1,12 +1,12 @@
 """report.md for one run, and `--compare`: several runs side by side with overlaid plots."""
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 from diff_transformer.evaluation import common, icl, long_context, quantization
 from diff_transformer.errors import EvalError
+from diff_transformer.files import read_json
 from diff_transformer.runs.folder import EVAL_REPORT, RunFolder
 
 def metrics(name: str, r: dict) -> dict[str, object]:
@@ -70,7 +70,7 @@ def headline(name: str, result: dict) -> str:
 
 
 def load(out_dir: Path) -> dict[str, dict]:
-  return {n: json.loads((out_dir / f"{n}.json").read_text()) for n in common.SUITES
+  return {n: read_json(out_dir / f"{n}.json", EvalError, "eval result") for n in common.SUITES
           if (out_dir / f"{n}.json").is_file()}
 
 

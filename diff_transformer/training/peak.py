@@ -19,6 +19,8 @@ import jax
 import jax.numpy as jnp
 
 from diff_transformer.data.common import cache_root
+from diff_transformer.errors import UserError
+from diff_transformer.files import read_json
 
 # Dense bf16 peak TFLOP/s per device by jax device_kind (first matching substring wins).
 PEAK_TFLOPS = (
@@ -65,6 +67,14 @@ def _cache_file(device, dtype: str) -> Path:
   return cache_root() / "peak" / f"{name}.json"
 
 
+def _cached_tflops(path) -> float | None:
+  try:
+    value = read_json(path, UserError, "peak cache")["tflops"]
+  except (UserError, FileNotFoundError):
+    return None
+  return float(value) if isinstance(value, (int, float)) and value > 0 else None
+
+
 def peak_tflops_per_device(configured: float = 0.0, dtype: str = "float32",
                            recalibrate: bool = False) -> tuple[float, str]:
   """(per-device peak TFLOP/s, source): 'config', 'table', 'measured' or 'measured, cached'.
@@ -77,8 +87,9 @@ def peak_tflops_per_device(configured: float = 0.0, dtype: str = "float32",
       return value, "table"
   share = jax.local_device_count() if device.platform == "cpu" else 1
   path = _cache_file(device, dtype)
-  if path.exists() and not recalibrate:
-    return json.loads(path.read_text())["tflops"] / share, "measured, cached"
+  cached = _cached_tflops(path) if not recalibrate else None
+  if cached is not None:  # a damaged cache is measured again and rewritten
+    return cached / share, "measured, cached"
   tflops = calibrate_tflops(dtype)
   path.parent.mkdir(parents=True, exist_ok=True)
   tmp = path.with_suffix(f".tmp-{jax.process_index()}")
