@@ -102,7 +102,8 @@ def run(plan: Plan, plan_file: str, root: str, *, mode: str = "local", launcher:
   """Runs `points` (default: every point of the plan; `point_args` adds flags per point), up
   to `jobs` at once; the unfinished points of each of `groups` train as one population program.
   Returns {point: 'skipped' | 'ran' | 'printed' | 'failed (exit N); see LOG'}; a failed local
-  run raises unless keep_going, which records it and goes on. With `settings` (each point's
+  run raises unless keep_going, which records it and goes on. `on_done(point, workdir)` runs
+  for each finished point: a point finished before this call first, before any child starts. With `settings` (each point's
   resolved setting, runs.record.setting), a workdir trained under another is refused in one
   line, or with `retrain` moved aside and trained anew: the one setting guard, for both
   drivers."""
@@ -120,6 +121,10 @@ def run(plan: Plan, plan_file: str, root: str, *, mode: str = "local", launcher:
       status[point] = "skipped"
     else:
       todo.append((point, workdir))
+  if mode == "local" and on_done is not None:
+    for point in [p for p, why in status.items() if why == "skipped"]:
+      on_done(point, os.path.join(root, point))  # finished earlier: before any training starts
+      raise_if_stopped()
   python = "python" if mode == "print" else sys.executable
   children = plan_children(todo, list(groups), root, lambda p, w: (
       command(plan_file, p, w, python) + list(extra_args) + list(point_args.get(p, ()))),

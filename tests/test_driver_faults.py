@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.helpers.studies import TINY_STUDY
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -146,3 +148,28 @@ def test_a_second_driver_on_a_root_is_refused_up_front(tmp_path):
   out, err = first.communicate(timeout=DEADLINE_S)
   assert first.returncode == 0, err[-2000:]
   assert json.loads((root / "study.json").read_text())["study"]["invocations"][0]["trained"] > 0
+
+
+def test_a_run_finished_before_the_call_is_recorded_before_any_child_starts(tmp_path, monkeypatch):
+  """A driver stopped while its children train must not lose a run it found finished: launch.run
+  hands such a run to on_done before it starts the first child."""
+  import json
+  from diff_transformer import cli, launch
+  from diff_transformer.runs.folder import RunFolder
+  file = tmp_path / "tiny_study.py"
+  file.write_text(TINY_STUDY.replace("quick_lr_grid=(1e-3, 3e-3),", ""))
+  study = cli.load_definition(str(file), "study", "STUDY").validate().quick()
+  done, todo = study.points()[:2]
+  folder = RunFolder(tmp_path / "root" / done)
+  folder.path.mkdir(parents=True)
+  folder.summary.write_text(json.dumps({"step": study.get_config(done).train.steps}))
+  recorded = []
+
+  def killed(*args, **kwargs):
+    raise KeyboardInterrupt  # the driver stopped while the first child trains
+
+  monkeypatch.setattr(launch, "_run_local", killed)
+  with pytest.raises(KeyboardInterrupt):
+    launch.run(study, str(file), str(tmp_path / "root"), points=[done, todo],
+               on_done=lambda p, w: recorded.append(p))
+  assert recorded == [done]

@@ -134,11 +134,8 @@ def _run_points(study: Study, study_file: str, root: Path, results: Path, points
                    extra_args=pins.override_args(study), point_args=point_args,
                    keep_going=True, jobs=jobs, on_done=on_done, settings=settings, retrain=retrain,
                    groups=populations(study, todo, population, grid))
-  for p, why in ran.items():
-    if why == "skipped":  # finished before this invocation, not yet recorded
-      on_done(p, str(root / p))
-      launch.raise_if_stopped()
-    elif why.startswith("failed") and grid and trained_a_step(root / p):
+  for p, why in ran.items():  # a point finished before this call was recorded by launch.run
+    if why.startswith("failed") and grid and trained_a_step(root / p):
       # a diverged grid run is a result of the grid (one that failed before its first step is
       # not: a broken install or a missing file; it stays unrecorded and a rerun tries it again)
       _grid_point_record(study, p, root / p, results, configs[p], settings[p], failed=why)
