@@ -7,8 +7,8 @@ the wrong type, a safetensors header that does not cover its data) raises the ca
 nothing already saved is touched, and programs read their inputs before any work starts.
 
 `KINDS` names every JSON file a program reads, with its shape; the damage test
-(tests/test_damaged_files.py) damages each kind in every way and runs the program that reads
-it, so a kind added here cannot be missed there.
+(tests/test_damaged_files.py) damages each kind in every way and reads it as the program that
+reads it does, so a kind added here cannot be missed there.
 """
 from __future__ import annotations
 

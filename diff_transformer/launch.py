@@ -103,7 +103,8 @@ def run(plan: Plan, plan_file: str, root: str, *, mode: str = "local", launcher:
   to `jobs` at once; the unfinished points of each of `groups` train as one population program.
   Returns {point: 'skipped' | 'ran' | 'printed' | 'failed (exit N); see LOG'}; a failed local
   run raises unless keep_going, which records it and goes on. `on_done(point, workdir)` runs
-  for each finished point: a point finished before this call first, before any child starts. With `settings` (each point's
+  for each finished point, those finished before this call first, before any child starts.
+  With `settings` (each point's
   resolved setting, runs.record.setting), a workdir trained under another is refused in one
   line, or with `retrain` moved aside and trained anew: the one setting guard, for both
   drivers."""

@@ -66,13 +66,9 @@ def packed_segments(segment_ids_BT: Array) -> dict[str, Array]:
   pos = jnp.arange(T, dtype=jnp.int32)
   new_run = jnp.concatenate([jnp.ones((B, 1), bool),
                              segment_ids_BT[:, 1:] != segment_ids_BT[:, :-1]], axis=1)
-  boundary = jnp.where(new_run, pos, T)
-  starts = jnp.sort(boundary, axis=1)  # the runs' starts in order, then T
+  starts = jnp.sort(jnp.where(new_run, pos, T), axis=1)  # the runs' starts in order, then T
   valid = starts < T
-  # the next boundary after each position: where the run holding it ends
-  after = jnp.concatenate([boundary[:, 1:], jnp.full((B, 1), T, boundary.dtype)], axis=1)
-  next_boundary = jax.lax.cummin(after, axis=1, reverse=True)
-  ends = jnp.take_along_axis(next_boundary, jnp.minimum(starts, T - 1), axis=1)
+  ends = jnp.concatenate([starts[:, 1:], jnp.full((B, 1), T, starts.dtype)], axis=1)  # next start
   seqlen = jnp.where(valid, ends - starts, -1).astype(jnp.int32)
   offsets = jnp.concatenate([jnp.where(valid, starts, -1), jnp.full((B, 1), -1, starts.dtype)],
                             axis=1).astype(jnp.int32)

@@ -80,9 +80,9 @@ def differences(expected: dict, recorded: dict) -> list[tuple[str, object, objec
   """(key, recorded value, expected value) for every key whose value differs once today's
   defaults are removed from both sides (a key missing on one side holds its default there)."""
   expected, recorded, base = departures(expected), departures(recorded), defaults()
-  keys = sorted(expected.keys() | recorded.keys())
-  return [(k, recorded.get(k, base.get(k)), expected.get(k, base.get(k))) for k in keys
-          if recorded.get(k, base.get(k)) != expected.get(k, base.get(k))]
+  pairs = ((k, recorded.get(k, base.get(k)), expected.get(k, base.get(k)))
+           for k in sorted(expected.keys() | recorded.keys()))
+  return [(k, was, now) for k, was, now in pairs if was != now]
 
 
 def check_setting(workdir: Path, point: str, expected: dict, retrain: bool = False) -> None:

@@ -5,7 +5,8 @@ budget, on grid seeds no compared run uses, and bracketed.
   the level, then the fewest steps (a run that never reached it counts at its last step), then
   the lowest final loss (which separates runs that all stayed below the level); for a loss
   primary, the mean final validation loss (Study.grid_metric: on the whole validation split
-  with grid_by_primary, else on the training-time evaluation's rows). An lr whose every run failed (diverged) scores worst.
+  with grid_by_primary, else on the training-time evaluation's rows). An lr whose every run
+  failed (diverged) scores worst.
 - Bracketed: the chosen lr has a tried lr on each side, the lower one working (the upper one may
   have diverged: divergence bounds the lr from above). At an end of the grid, the grid grows one
   point that way (the grid's ratio) and is judged again, up to `lr_grid_extend` points per side;

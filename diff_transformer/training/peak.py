@@ -68,11 +68,12 @@ def _cache_file(device, dtype: str) -> Path:
 
 
 def _cached_tflops(path) -> float | None:
+  """The cached peak, or None where there is none or it is damaged (then measured again)."""
   try:
     value = read_json(path, UserError, "peak cache")["tflops"]
-  except (UserError, FileNotFoundError):
+  except UserError:
     return None
-  return float(value) if isinstance(value, (int, float)) and value > 0 else None
+  return float(value) if value > 0 else None
 
 
 def peak_tflops_per_device(configured: float = 0.0, dtype: str = "float32",
