@@ -53,7 +53,7 @@ def test_a_population_equals_its_members_run_alone(variant):
   state, losses = population.init(), []
   for step in range(STEPS):
     stacked = jax.tree.map(lambda *xs: np.stack(xs), *[d[step] for d in data])
-    state, metrics = population.train_step(state, stacked)
+    state, metrics = population.members_step(state, stacked)
     losses.append(np.asarray(metrics["loss"]))
     assert np.asarray(metrics["finite"]).all()
   for i, (seed, scale) in enumerate(zip(seeds, scales)):
@@ -73,7 +73,7 @@ def test_a_nan_member_is_held_and_named_and_the_others_go_on():
   finite = []
   for step in range(STEPS):
     stacked = jax.tree.map(lambda *xs: np.stack(xs), *[d[step] for d in data])
-    state, metrics = population.train_step(state, stacked)
+    state, metrics = population.members_step(state, stacked)
     finite.append(np.asarray(metrics["finite"]).tolist())
   # member 1's first update is NaN (its lr is); from then on its loss is, and it is held
   assert finite == [[True, True], [True, False], [True, False]]

@@ -30,6 +30,7 @@ from diff_transformer.training.metrics import (MetricsLogger, RateWindow,
                                                executed_flops_per_token, log_train_row,
                                                train_flops_per_token)
 from diff_transformer.training.peak import peak_tflops_per_device
+from diff_transformer.training.schedule import Schedule, run_steps
 from diff_transformer.training.step import Trainer
 from diff_transformer.training.stop import StopSignal, exit_now
 from diff_transformer.runs.lock import WorkdirLock, prepare_workdir
@@ -120,9 +121,25 @@ def open_data(config: ml_collections.ConfigDict):
   return dataset
 
 
+def open_run(config: ml_collections.ConfigDict, workdir: Path, dataset, mesh, trainer: Trainer,
+             batch_change: tuple[int, int] | None) -> Run:
+  """The run before its state: its data iterator and checkpointer (a population opens each
+  member this way)."""
+  iterator = data.train_iterator(dataset, config.data, config.train.global_batch_size,
+                                 jax.process_index(), jax.process_count(), seed=config.data.seed)
+  return Run(config, workdir, dataset, mesh, trainer, iterator, Checkpointer(workdir, config.train),
+             None, 0, resumed=False, batch_change=batch_change, code_change=None)
+
+
+def record_start(run: Run, state, start: int) -> None:
+  """The run starts (or resumes) at `start` from `state`: its record and code version say so."""
+  run.state, run.start, run.resumed = state, start, bool(start)
+  run_record.write_run_record(run.workdir, run.config, run.dataset)
+  run.code_change = run_record.record_code_version(run.workdir, start)
+
+
 def _open(config: ml_collections.ConfigDict, workdir: Path, start_params=None) -> Run:
   """Data, run record checks, mesh, state: everything that can refuse comes before the state."""
-  t = config.train
   dataset = open_data(config)
   batch_change = run_record.check_run_record(workdir, config, dataset.tokenizer)
   spec = ModelSpec.from_config(config.model)
@@ -135,21 +152,15 @@ def _open(config: ml_collections.ConfigDict, workdir: Path, start_params=None) -
   mesh = make_mesh(config.mesh)
   check_parallelism(config, mesh, spec)
   trainer = Trainer(config, mesh, spec)
-  iterator = data.train_iterator(dataset, config.data, t.global_batch_size,
-                                 jax.process_index(), jax.process_count(), seed=config.data.seed)
-  checkpointer = Checkpointer(workdir, t)
-  found = checkpointer.restore(trainer.abstract_state, iterator)
+  run = open_run(config, workdir, dataset, mesh, trainer, batch_change)
+  found = run.checkpointer.restore(trainer.abstract_state, run.iterator)
   if found is not None:
-    state, start = found
-    print(f"Resumed from checkpoint step {start} in {checkpointer.directory}", flush=True)
-  else:
-    state, start = trainer.init(), 0
-  run_record.write_run_record(workdir, config, dataset)
-  code_change = run_record.record_code_version(workdir, start)
+    print(f"Resumed from checkpoint step {found[1]} in {run.checkpointer.directory}", flush=True)
+  record_start(run, *(found or (trainer.init(), 0)))
   if found is None and params is not None:
-    state = _start_from(trainer, state, params, config.init_from_hf, checkpointer, iterator)
-  return Run(config, workdir, dataset, mesh, trainer, iterator, checkpointer, state, start,
-              resumed=found is not None, batch_change=batch_change, code_change=code_change)
+    run.state = _start_from(trainer, run.state, params, config.init_from_hf, run.checkpointer,
+                            run.iterator)
+  return run
 
 
 def start_logging(run: Run, bar: bool = True) -> tuple[MetricsLogger, RateWindow]:
@@ -199,7 +210,9 @@ def _train(config: ml_collections.ConfigDict, workdir: Path, lock: WorkdirLock |
   logger, window = start_logging(run)
   stop = StopSignal(lambda: exit_now(run.checkpointer, lock))
   try:
-    summary = _steps(run, logger, window, stop)
+    alone = _Alone(run, logger, window)
+    run_steps(alone, run.state, Schedule.from_config(config.train, run.start), stop)
+    summary = alone.summary
   finally:
     stop.close()
     run.checkpointer.close()  # waits for the async save to commit
@@ -209,53 +222,56 @@ def _train(config: ml_collections.ConfigDict, workdir: Path, lock: WorkdirLock |
   return summary
 
 
-def _steps(run: Run, logger: MetricsLogger, window: RateWindow, stop: StopSignal) -> dict:
-  """The step loop: train, check finiteness one step late (dispatch stays async), log, evaluate,
-  save; a stop request saves and leaves at the step every process agrees on."""
-  t, trainer, checkpointer = run.config.train, run.trainer, run.checkpointer
-  guard = DivergenceGuard(checkpointer, t.max_loss_spike)
-  summary: dict = dict(step=run.start, stopped_by=None)
-  state, step, pending = run.state, run.start, None  # pending: (step, metrics) not yet checked
-  while step < t.steps:
-    batch = global_batch(run.mesh, next(run.iterator))
-    state, metrics = trainer.train_step(state, batch)
-    step += 1
-    window.step()
-    checkpointer.check_saved()  # a failed async save stops the run here, not at the next save
-    if pending is not None:
-      guard.check_step(pending[0], jax.device_get(pending[1]))
-    pending = (step, metrics)
-    last = step == t.steps
-    if step % t.log_every == 0 or last or step == run.start + 1:
-      values = jax.device_get(metrics)
-      guard.check_step(step, values)
-      pending = None
-      log_train_row(logger, window, summary, step, values)
-    if step % t.eval_every == 0 or last:
-      val = validation.metrics(trainer, state, run.dataset, run.config, run.mesh)
-      logger.write(step, val, kind="val")
-      logger.progress(step, val)
-      summary.update(val)
-      window.reset()
-      if t.stop_at_val_accuracy and val["val_accuracy"] >= t.stop_at_val_accuracy:
-        summary["stopped_at_level"] = last = True  # a finished run: saved, summary written
-    stopping = stop.agreed(step % t.log_every == 0 or last or step % t.checkpoint_every == 0)
-    if stopping or last or step % t.checkpoint_every == 0:
-      if pending is not None:  # never save a NaN state
-        guard.check_step(step, jax.device_get(metrics))
-        pending = None
-      guard.check_state(step, validation.state_loss(trainer, state, batch, t.micro_batches))
-      checkpointer.save(step, state, run.iterator)
-      window.reset()
-    if stopping:
-      summary["stopped_by"] = stop.requested
-      logger.print(f"{stop.requested}: saved checkpoint step {step} in "
-                   f"{checkpointer.directory}; exiting")
-      break
-    if last:
-      break
-  summary["step"] = step
-  return summary
+class _Alone:
+  """A single run as the step loop's cohort: its divergence guard raises (the run stops)."""
+
+  def __init__(self, run: Run, logger: MetricsLogger, window: RateWindow):
+    self.run, self.logger, self.window = run, logger, window
+    self.guard = DivergenceGuard(run.checkpointer, run.config.train.max_loss_spike)
+    self.summary: dict = dict(step=run.start, stopped_by=None)
+    self.training = True
+
+  def next_batch(self):
+    return global_batch(self.run.mesh, next(self.run.iterator))
+
+  def train_step(self, state, batch):
+    return self.run.trainer.train_step(state, batch)
+
+  def stepped(self, step: int) -> None:
+    self.summary["step"] = step
+    self.window.step()
+    self.run.checkpointer.check_saved()  # a failed async save stops the run here
+
+  def check(self, step: int, metrics: dict) -> None:
+    self.guard.check_step(step, jax.device_get(metrics))
+
+  def log(self, step: int, values: dict) -> None:
+    log_train_row(self.logger, self.window, self.summary, step, values)
+
+  def evaluate(self, state, step: int) -> bool:
+    run = self.run
+    val = validation.metrics(run.trainer, state, run.dataset, run.config, run.mesh)
+    self.logger.write(step, val, kind="val")
+    self.logger.progress(step, val)
+    self.summary.update(val)
+    self.window.reset()
+    level = run.config.train.stop_at_val_accuracy
+    if level and val["val_accuracy"] >= level:
+      self.summary["stopped_at_level"] = True  # a finished run: saved, summary written
+      self.training = False
+    return not self.training
+
+  def save(self, state, batch, step: int, scheduled: bool) -> None:
+    t = self.run.config.train
+    self.guard.check_state(step, validation.state_loss(self.run.trainer, state, batch,
+                                                       t.micro_batches))
+    self.run.checkpointer.save(step, state, self.run.iterator)
+    self.window.reset()
+
+  def stopped(self, step: int, reason: str) -> None:
+    self.summary["stopped_by"] = reason
+    self.logger.print(f"{reason}: saved checkpoint step {step} in "
+                      f"{self.run.checkpointer.directory}; exiting")
 
 
 def finish(run: Run, summary: dict) -> None:

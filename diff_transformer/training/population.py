@@ -51,7 +51,7 @@ class Population:
     new_state = jax.tree.map(lambda new, old: jnp.where(keep, new, old), stepped, state)
     return new_state, dict(metrics, finite=finite)
 
-  def train_step(self, state: State, batches: Batch, active=None) -> tuple[State, dict]:
+  def members_step(self, state: State, batches: Batch, active=None) -> tuple[State, dict]:
     """One step of every member on its own batch ([P, B, T] leaves); metrics are [P]. Members
     where `active` ([P] bool, default all) is False keep their state."""
     active = self._active if active is None else jnp.asarray(active, bool)

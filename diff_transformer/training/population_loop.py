@@ -21,24 +21,21 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import ml_collections
-import numpy as np
 from tqdm import tqdm
 
-from diff_transformer import data
 from diff_transformer.errors import TrainError
 from diff_transformer.mesh import check_parallelism, make_mesh
 from diff_transformer.model.spec import ModelSpec
 from diff_transformer.runs import folder as run_folder
 from diff_transformer.runs import record as run_record
-from diff_transformer.runs.checkpoint import Checkpointer
 from diff_transformer.runs.folder import RunFolder
 from diff_transformer.runs.lock import WorkdirLock, prepare_workdir
 from diff_transformer.training.guard import DivergenceGuard
-from diff_transformer.training.loop import Run, finish, open_data, start_logging
+from diff_transformer.training.loop import (finish, open_data, open_run, record_start,
+                                            start_logging)
 from diff_transformer.training.population import Population
-from diff_transformer.training.population_members import (Member, check_all, evaluate,
-                                                          failed_before, log_rows, member_slice,
-                                                          save)
+from diff_transformer.training.population_members import Member, Members, failed_before
+from diff_transformer.training.schedule import Schedule, run_steps
 from diff_transformer.training.step import Trainer
 from diff_transformer.training.stop import StopSignal
 
@@ -104,12 +101,8 @@ def _open(configs, workdirs, scales, name: str):
   members = []
   for i, (config, workdir, dataset) in enumerate(zip(configs, workdirs, datasets)):
     batch_change = run_record.check_run_record(workdir, config, dataset.tokenizer)
-    iterator = data.train_iterator(dataset, config.data, config.train.global_batch_size,
-                                   seed=config.data.seed)
-    checkpointer = Checkpointer(workdir, config.train)
-    run = Run(config, workdir, dataset, mesh, trainer, iterator, checkpointer, None, 0,
-              resumed=False, batch_change=batch_change, code_change=None)
-    member = Member(i, None, run, DivergenceGuard(checkpointer, config.train.max_loss_spike))
+    run = open_run(config, workdir, dataset, mesh, trainer, batch_change)
+    member = Member(i, None, run, DivergenceGuard(run.checkpointer, config.train.max_loss_spike))
     member.failed = failed_before(workdir)
     members.append(member)
   live = [m for m in members if m.failed is None]
@@ -132,14 +125,9 @@ def _open(configs, workdirs, scales, name: str):
       state, _ = m.run.checkpointer.restore(trainer.abstract_state, m.run.iterator, step=start)
       states.append(state)
   state = jax.tree.map(lambda *xs: jnp.stack(xs), *states) if start else population.init()
-  for m, dataset in zip(members, datasets):
-    if m.slot is None:
-      continue
-    run = m.run
-    run.start, run.resumed, run.state = start, bool(start), None
-    run_record.write_run_record(run.workdir, run.config, dataset)
-    run.code_change = run_record.record_code_version(run.workdir, start)
-    with open(RunFolder(run.workdir).log, "a") as log:
+  for m in live:
+    record_start(m.run, None, start)  # the state is the population's, stacked
+    with open(RunFolder(m.run.workdir).log, "a") as log:
       log.write(f"member {m.index} of {name} ({len(members)} members, one program); its "
                 f"output is the population's log\n")
   if start:
@@ -162,7 +150,8 @@ def _train(configs, workdirs, scales, name: str) -> list[dict]:
   bar = tqdm(total=t.steps, initial=start, dynamic_ncols=True, unit="step", mininterval=1.0,
              desc=name)
   try:
-    stopped_by = _steps(live, population, state, start, t, stop, bar)
+    _, stopped_by = run_steps(Members(live, population, bar), state,
+                              Schedule.from_config(t, start), stop)
   finally:
     stop.close()
     bar.close()
@@ -181,51 +170,3 @@ def _train(configs, workdirs, scales, name: str) -> list[dict]:
       finish(m.run, m.summary)
     out.append(m.summary)
   return out
-
-
-def _steps(members: list[Member], population: Population, state, start: int, t, stop,
-           bar) -> str | None:
-  """The population's step loop: the standalone loop's schedule of logs, evaluations and saves,
-  each member checked, evaluated and saved on its own."""
-  step, pending = start, None
-  while step < t.steps and any(m.training for m in members):
-    local = [next(m.run.iterator) for m in members]
-    batches = jax.device_put(jax.tree.map(lambda *xs: np.stack(xs), *local))
-    active = np.array([m.training for m in members])
-    state, metrics = population.train_step(state, batches, active)
-    step += 1
-    for m in members:
-      m.window.step()
-    if pending is not None:  # one step late, so dispatch stays asynchronous
-      check_all(members, *pending)
-    pending = (step, metrics)
-    last = step == t.steps
-    if step % t.log_every == 0 or last or step == start + 1:
-      values = jax.device_get(metrics)
-      check_all(members, step, values)
-      pending = None
-      log_rows(members, step, values)
-      bar.n = step
-      bar.refresh()
-    if step % t.eval_every == 0 or last:
-      for m in members:
-        if m.training:
-          evaluate(m, member_slice(state, m.slot), step)
-    stopping = stop.agreed(True)
-    if stopping or last or step % t.checkpoint_every == 0:
-      if pending is not None:  # never save a NaN state
-        check_all(members, *pending)
-        pending = None
-      for m in members:
-        if m.training or (m.finished and m.summary.get("step") == step):
-          save(m, member_slice(state, m.slot), member_slice(batches, m.slot), step)
-    if stopping:
-      print(f"{stop.requested}: saved checkpoint step {step} of every member; exiting",
-            flush=True)
-      return stop.requested
-    for m in members:
-      if m.training:
-        m.summary["step"] = step
-  return None
-
-
