@@ -19,7 +19,7 @@ import time
 
 from diff_transformer import cli, paths
 from diff_transformer.config import base_config
-from diff_transformer.data import DataError, ensure_prepared, open_prepared, prepare_files
+from diff_transformer.data import DataError, ensure_prepared, open_dataset, prepare_files
 from diff_transformer.data.dataset import verify_prepared
 from diff_transformer.data.shards import SHARD_TOKENS
 from diff_transformer.data.tokenizer import TOKENIZERS
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg.update(dict(tokenizer=args.tokenizer, bpe_vocab_size=args.bpe_vocab_size,
                     val_fraction=args.val_fraction, cache_dir=args.cache_dir))
     out = ensure_prepared(cfg)
-    meta = open_prepared(out, int(cfg.seq_len)).metadata
+    meta = open_dataset(cfg).metadata
   else:
     if not args.output:
       raise DataError("--output: required (the directory to write)")
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
                         unigram_entropy_nats=round(meta["unigram_entropy_nats"], 4),
                         seconds=round(time.time() - start, 1)), indent=2))
   flag = f"--config.data.tokenizer={meta['tokenizer']['name']}"
-  if meta["requested_bpe_vocab_size"] is not None:  # load_dataset checks it against the config
+  if meta["requested_bpe_vocab_size"] is not None:  # open_dataset checks it against the config
     flag += f" --config.data.bpe_vocab_size={meta['requested_bpe_vocab_size']}"
   print(f"Train on it with: --config.data.name=prepared --config.data.path={out} {flag}")
   return 0

@@ -23,7 +23,7 @@ from diff_transformer import params  # noqa: E402
 from diff_transformer.errors import ConfigError  # noqa: E402
 from diff_transformer.files import read_json  # noqa: E402
 from diff_transformer.mesh import request_determinism  # noqa: E402
-from diff_transformer.model.spec import ModelSpec  # noqa: E402
+from diff_transformer.model.attention import spec_from_config  # noqa: E402
 
 cli.define_config()
 flags.DEFINE_string("workdir", "runs/default", "Run directory: checkpoints, logs, config.")
@@ -38,7 +38,7 @@ FLAGS = flags.FLAGS
 
 
 def dry_run(config) -> dict:
-  spec = ModelSpec.from_config(config.model)
+  spec = spec_from_config(config.model)
   counts = params.count(spec)
   print(f"# {config.model.variant}: {config.source}")
   print(params.format_table(counts, spec.num_layers))
@@ -54,6 +54,9 @@ def population(path: str) -> None:
   listing = read_json(Path(path), ConfigError, "members file")
   members = [cli.config_from_args(m["args"]) for m in listing["members"]]
   request_determinism(any(c.train.deterministic for c, _ in members))
+  from diff_transformer.data import ensure_prepared  # grain loads only to train
+  for config, _ in members:
+    ensure_prepared(config.data)
   # orbax, grain and the trainer load only to train (as in main)
   from diff_transformer.training.population_loop import train_population
   summaries = train_population([c for c, _ in members], [w for _, w in members],
@@ -80,7 +83,9 @@ def main(argv):
   request_determinism(config.train.deterministic)
   # orbax, grain and the trainer load only to train (a --dry_run counts without them)
   from diff_transformer.training import initialize_distributed, train
+  from diff_transformer.data import ensure_prepared  # grain, as above
   initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
+  ensure_prepared(config.data)  # the built-in corpus on first use; training only opens it
   start_params = None
   if config.init_from_hf:
     # the hf extra loads only to convert a folder; training itself never imports interop

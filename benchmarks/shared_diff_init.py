@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 from configs import synthetic as presets  # noqa: E402
 from diff_transformer.evaluation import outliers  # noqa: E402
 from diff_transformer.model.attention.shared_diff import LOWRANK_INITS  # noqa: E402
-from diff_transformer.model.spec import ModelSpec  # noqa: E402
+from diff_transformer.model.attention import spec_from_config  # noqa: E402
 from diff_transformer.runs.folder import RunFolder  # noqa: E402
 from diff_transformer.study.run_metrics import curve, first_step  # noqa: E402
 from diff_transformer.study.stats import censored_median, summarize  # noqa: E402
@@ -37,7 +37,7 @@ def logit_rms(preset: str, lowrank_init: str | None = None) -> float:
   c = presets.get_config(preset)
   if lowrank_init:
     c.model.lowrank_init = lowrank_init
-  return outliers.initial_logit_rms(ModelSpec.from_config(c.model), c.data.task.vocab_size)
+  return outliers.initial_logit_rms(spec_from_config(c.model), c.data.task.vocab_size)
 
 
 def train(arm: str, seed: int, steps: int, root: Path) -> dict:

@@ -16,7 +16,7 @@ import ml_collections
 
 from diff_transformer import kernels
 from diff_transformer.errors import UserError, first_line
-from diff_transformer.model.spec import ModelSpec
+from diff_transformer.model.attention import spec_from_config
 from diff_transformer.mesh import (batch_sharding, check_parallelism, data_parallel_size,
                                             make_mesh)
 from diff_transformer.training.step import Trainer
@@ -66,7 +66,7 @@ def compile_train_step(config: ml_collections.ConfigDict, topology: str) -> AotR
   """Lower and compile Trainer's train step for `topology`; report per-chip memory."""
   devices = topology_devices(topology)
   mesh = make_mesh(config.mesh, devices=devices)
-  spec = ModelSpec.from_config(config.model)
+  spec = spec_from_config(config.model)
   check_parallelism(config, mesh, spec)
   hbm = HBM_GIB.get(topology.split(":")[0], 0.0)
   seq, batch = config.data.seq_len, config.train.global_batch_size

@@ -11,8 +11,7 @@ from diff_transformer import kernels
 from diff_transformer.data import synthetic
 from diff_transformer.data.synthetic import task_spec
 from diff_transformer.errors import ConfigError
-from diff_transformer.model.attention import variant_class
-from diff_transformer.model.spec import ModelSpec
+from diff_transformer.model.attention import model_section, spec_from_config, variant_class
 
 KERNELS = ("auto", *kernels.KERNELS)  # auto: kernels/auto.py picks one per platform and shapes
 REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
@@ -28,8 +27,9 @@ def ffn_width(d_model: int, multiple: int = 128, up: bool = False) -> int:
 
 
 def model_config() -> ml_collections.ConfigDict:
-  """The model section: ModelSpec's fields and defaults (model/spec.py, with their meaning)."""
-  return ModelSpec.config_section()
+  """The model section: the keys every variant has (model/spec.py) and each variant's own (its
+  Options, model/attention/), with their defaults and meaning."""
+  return model_section()
 
 
 def task_config() -> ml_collections.ConfigDict:
@@ -120,9 +120,9 @@ def _fail(field: str, constraint: str) -> None:
 
 def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """Checks every constraint the model and trainer rely on; returns the config."""
+  attention = variant_class(config.model.variant)  # first: its own options are model keys
   _check_keys(config, base_config(), "")
   m = config.model
-  attention = variant_class(m.variant)
   if m.kernel not in KERNELS:
     _fail("model.kernel", f"unknown kernel '{m.kernel}'; choose one of {', '.join(KERNELS)}")
   if m.remat not in REMAT_POLICIES:
@@ -136,31 +136,17 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   if m.vocab_multiple is None or m.vocab_multiple < 0:
     _fail("model.vocab_multiple", f"must be >= 0 (0 = vocab_size as given), got "
           f"{m.vocab_multiple}")
-  spec = ModelSpec.from_config(m)
+  spec = spec_from_config(m)
   if spec.kv_heads <= 0:
     _fail("model.num_kv_heads", f"must be a positive integer, got {spec.kv_heads}")
   query_heads = attention.query_heads(spec)
   if query_heads % spec.kv_heads:
     _fail("model.num_kv_heads", f"{spec.kv_heads} kv heads do not divide {query_heads} query "
           "heads")
+  spec.options.check()  # the variant's own keys (its Options)
   attention.check(spec)
-  if spec.head_norm and not attention.has_head_norm:
-    _fail("model.head_norm", f"{spec.variant} has no per-head output norm option (the "
-          "transformer has; DIFF V1 and Shared DIFF have their sub-layer norm, model.subln)")
-  if spec.norm_out_scale != "rule":
-    fixed = spec.fixed_norm_out_scale
-    if spec.norm_out_scale not in attention.norm_out_rules and not (
-        fixed is not None and 0 < fixed < float("inf")):
-      _fail("model.norm_out_scale", f"'{spec.norm_out_scale}' is not a positive number or one "
-            f"of {', '.join(attention.norm_out_rules)} (for {spec.variant})")
-    if not attention.has_output_norm(spec):
-      _fail("model.norm_out_scale", f"scales a per-head output norm, which this {spec.variant} "
-            "model has none of (transformer: model.head_norm=True; diff, shared_diff: "
-            "model.subln=True)")
   if m.rope_pairs not in ("interleaved", "half"):
     _fail("model.rope_pairs", f"'{m.rope_pairs}' is not one of interleaved, half")
-  if m.lambda_init is not None and not 0.0 <= m.lambda_init < 1.0:
-    _fail("model.lambda_init", f"must be in [0, 1) or None (layer-dependent), got {m.lambda_init}")
   if m.short_conv < 0:
     _fail("model.short_conv", f"must be >= 0 (0 = off), got {m.short_conv}")
   d, t = config.data, config.train

@@ -15,7 +15,7 @@ import ml_collections
 from flax import nnx
 
 from diff_transformer.model import build_model
-from diff_transformer.model.attention import variant_class
+from diff_transformer.model.attention import spec_from_config, variant_class
 from diff_transformer.model.spec import ModelSpec
 
 EMBEDDING_MODULES = ("embed", "lm_head")
@@ -80,7 +80,7 @@ def match_ffn(config: ml_collections.ConfigDict, target_params: int
   Transformer in the benchmarks, sweeps and studies."""
   config = copy.deepcopy(config)
   m = config.model
-  have = count(ModelSpec.from_config(m))["params"]
+  have = count(spec_from_config(m))["params"]
   per_column = 3 * m.d_model * m.num_layers  # gate, up and down of one FFN column
   m.ffn_dim = max(1, m.ffn_dim + round((target_params - have) / per_column))
   return config
@@ -94,7 +94,7 @@ def matched_variant(config: ml_collections.ConfigDict, variant: str,
   m = base.model
   m.variant, m.num_heads, m.rank = "transformer", heads_for("transformer", m.d_model,
                                                            m.head_dim), 0
-  target = count(ModelSpec.from_config(m))["params"]
+  target = count(spec_from_config(m))["params"]
   out = copy.deepcopy(base)
   out.model.variant = variant
   out.model.num_heads = heads_for(variant, m.d_model, m.head_dim)

@@ -7,7 +7,7 @@ pytest.importorskip("libtpu", reason="the tpu extra (pip install -e '.[tpu]') pr
 from configs import scaling  # noqa: E402
 from diff_transformer import aot, params  # noqa: E402
 from diff_transformer.config import validate  # noqa: E402
-from diff_transformer.model.spec import ModelSpec  # noqa: E402
+from diff_transformer.model.attention import spec_from_config  # noqa: E402
 
 GIB = 1024 ** 3
 
@@ -31,7 +31,7 @@ def compile_and_check(config):
   assert result.seq_len == config.data.seq_len and result.per_device_batch == 1
   # Parameters + AdamW moments (3 x 4 bytes each) sharded over the 4 chips; the few replicated
   # vectors (norm gains, lambdas) and the batch add under 1%.
-  n = params.count(ModelSpec.from_config(config.model))["params"]
+  n = params.count(spec_from_config(config.model))["params"]
   assert 1.0 <= result.argument_gib / (12 * n / 4 / GIB) < 1.01, (result.argument_gib, n)
   assert 0 < result.total_gib < result.hbm_gib == 16.0 and result.fits
   return result

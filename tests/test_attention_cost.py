@@ -73,9 +73,9 @@ def test_executed_flops_counts_the_compiled_attention():
 def test_executed_flops_count_what_remat_recomputes(remat):
   """The compiled step's extra FLOPs under a remat policy against what metrics add for it."""
   import dataclasses
-  from diff_transformer.model.spec import ModelSpec
+  from diff_transformer.model.attention import make_spec
   from diff_transformer.training.metrics import executed_flops_per_token
-  base = ModelSpec(variant="diff", vocab_size=64, d_model=256, num_layers=LAYERS, num_heads=H,
+  base = make_spec(variant="diff", vocab_size=64, d_model=256, num_layers=LAYERS, num_heads=H,
                    head_dim=D_HEAD, ffn_dim=64, max_seq_len=512)
   spec = lambda r: dataclasses.replace(base, remat=r)
   measured = step_flops("auto", 1, 512, remat) - step_flops("auto", 1, 512)

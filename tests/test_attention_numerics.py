@@ -12,7 +12,7 @@ from tests.helpers import np_reference as ref
 from diff_transformer import kernels
 from diff_transformer.kernels import cudnn, reference
 from diff_transformer.model.attention import variant_class
-from diff_transformer.model.spec import ModelSpec
+from diff_transformer.model.attention import make_spec
 from tests.helpers.variant_table import VARIANTS, entry
 
 D, T, B, LAYER = 64, 12, 2, 3
@@ -21,7 +21,7 @@ SEG = np.array([[1] * 5 + [2] * 7, [1] * 12])
 
 def make(variant, kv, seed, **kw):
   heads, d = entry(variant).numerics
-  spec = ModelSpec(variant=variant, d_model=D, num_heads=heads, num_kv_heads=kv, head_dim=d,
+  spec = make_spec(variant=variant, d_model=D, num_heads=heads, num_kv_heads=kv, head_dim=d,
                    rank=6 if variant_class(variant).low_rank else 0, **kw)
   attn = variant_class(variant)(spec, LAYER, rngs=nnx.Rngs(seed))
   # Fresh random values for EVERY parameter (gains and low-rank factors included).

@@ -30,12 +30,19 @@ def cfg(**model):
     (dict(num_layers=-1), "model.num_layers", "positive"),
     (dict(vocab_size=0), "model.vocab_size", "positive"),
     (dict(vocab_multiple=-128), "model.vocab_multiple", "must be >= 0"),
-    (dict(variant="diff", head_norm=True), "model.head_norm", "no per-head output norm option"),
+    (dict(variant="diff", head_norm=True), "model.head_norm", "an option of transformer, not of diff"),
+    (dict(variant="transformer", num_heads=8, v2_lambda="none"), "model.v2_lambda",
+     "an option of diff_v2, not of transformer"),
+    (dict(variant="diff_v2", num_heads=8, rank=4), "model.rank",
+     "an option of shared_diff, not of diff_v2"),
+    (dict(variant="diff_v2", num_heads=8, v2_lambda="cosine"), "model.v2_lambda", "not one of"),
+    (dict(variant="shared_diff", rank=4, lowrank_init="he"), "model.lowrank_init", "not one of"),
+    (dict(lambda_init=1.5), "model.lambda_init", "must be in [0, 1)"),
     (dict(norm_out_scale="-0.2"), "model.norm_out_scale", "not a positive number"),
     (dict(norm_out_scale="nan"), "model.norm_out_scale", "not a positive number"),
     (dict(norm_out_scale="big"), "model.norm_out_scale", "rule, layer_rule"),
     (dict(variant="transformer", num_heads=8, head_norm=True, norm_out_scale="layer_rule"),
-     "model.norm_out_scale", "one of rule (for transformer)"),
+     "model.norm_out_scale", "one of rule here"),
     (dict(variant="transformer", num_heads=8, norm_out_scale="0.2"), "model.norm_out_scale",
      "has none of"),
     (dict(subln=False, norm_out_scale="0.2"), "model.norm_out_scale", "has none of"),
@@ -88,15 +95,33 @@ def test_every_preset_validates_and_names_its_source():
     scaling.get_config("diff-9b")
 
 
-def test_model_section_is_built_from_the_model_spec():
+def test_model_section_is_built_from_the_model_spec_and_each_variants_options():
+  """The section holds the keys every variant has, then each variant's own (its Options); a
+  spec carries its own variant's options only, at the section's defaults."""
   import dataclasses
 
   import ml_collections
 
   from diff_transformer.config import base_config
+  from diff_transformer.model.attention import VARIANTS, spec_from_config
   from diff_transformer.model.spec import ModelSpec
   section = base_config().model.to_dict()
-  assert section == {f.name: f.default for f in dataclasses.fields(ModelSpec)}
-  assert ModelSpec.from_config(base_config().model) == ModelSpec()
+  own = {f.name: f.default for cls in VARIANTS.values() for f in dataclasses.fields(cls.Options)}
+  assert section == {f.name: f.default for f in ModelSpec.common_fields()} | own
+  assert {"subln", "head_norm", "rank", "v2_lambda", "norm_out_scale"} <= set(own)
+  for name, cls in VARIANTS.items():
+    spec = spec_from_config(ml_collections.ConfigDict(dict(section, variant=name)))
+    assert type(spec.options) is cls.Options
+    assert dataclasses.asdict(spec.options) == {k: section[k] for k in
+                                                dataclasses.asdict(spec.options)}
   with pytest.raises(ConfigError, match="model.num_head: unknown key"):
-    ModelSpec.from_config(ml_collections.ConfigDict(dict(variant="diff", num_head=4)))
+    spec_from_config(ml_collections.ConfigDict(dict(variant="diff", num_head=4)))
+
+
+def test_an_option_changed_on_a_spec_stays_with_its_variant():
+  from diff_transformer.model.attention import make_spec
+  spec = make_spec(variant="diff", subln=False)
+  changed = spec.replace(lambda_init=0.8, num_layers=3)
+  assert (changed.options.lambda_init, changed.options.subln, changed.num_layers) == (0.8, False, 3)
+  with pytest.raises(TypeError):
+    spec.replace(head_norm=True)  # the transformer's

@@ -87,9 +87,9 @@ def base(tmp_path_factory):
 
 
 def _spec():
-  from diff_transformer.model.spec import ModelSpec
+  from diff_transformer.model.attention import spec_from_config
   from tests.helpers import hf_runs
-  return ModelSpec.from_config(hf_runs.run_config("transformer").model)
+  return spec_from_config(hf_runs.run_config("transformer").model)
 
 
 def _tiktoken(folder: Path):

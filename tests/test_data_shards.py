@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from diff_transformer.data import (DataError, load_dataset, prepare_files, train_iterator,
+from diff_transformer.data import (DataError, open_dataset, prepare_files, train_iterator,
                                    unigram_entropy, validation_batches)
 from tests.helpers.data import data_config, text as make_text
 
@@ -31,7 +31,7 @@ def two_layouts(tmp_path_factory) -> tuple[Path, Path]:
 
 
 def _batches(path: Path) -> list[dict]:
-  ds = load_dataset(data_config(path))
+  ds = open_dataset(data_config(path))
   cfg = data_config(path)
   val = list(validation_batches(ds, cfg, 4))
   it = train_iterator(ds, cfg, 4, seed=3)
@@ -45,7 +45,7 @@ def _same(a: list[dict], b: list[dict]) -> None:
 
 
 def test_shards_read_as_one_stream(two_layouts):
-  one, many = (load_dataset(data_config(p)) for p in two_layouts)
+  one, many = (open_dataset(data_config(p)) for p in two_layouts)
   shards = many.shards("train")
   assert len(one.shards("train")) == 1 and len(shards) > 3
   for k, shard in enumerate(shards):
@@ -81,7 +81,7 @@ def test_pre_shard_layout_still_loads(two_layouts, tmp_path):
   _same(_batches(two_layouts[0]), _batches(old))
   (old / "val.bin").write_bytes(b"\0\0")
   with pytest.raises(DataError, match=r"val.bin: missing or not \d+ bytes"):
-    load_dataset(data_config(old))
+    open_dataset(data_config(old))
 
 
 @pytest.mark.parametrize("kwargs,match", [(dict(shard_tokens=1), "--shard_tokens: must be >= 2"),
@@ -96,7 +96,7 @@ def test_bad_shard_settings_are_one_line(tmp_path, kwargs, match):
 def test_shards_record_their_id_range_and_checksum(two_layouts):
   import hashlib
   from diff_transformer.data.dataset import verify_prepared
-  many = load_dataset(data_config(two_layouts[1]))
+  many = open_dataset(data_config(two_layouts[1]))
   for split in ("train", "val"):
     for k, shard in enumerate(many.shards(split)):
       assert shard["max_id"] == int(many.shard_tokens(split, k).max())
@@ -119,7 +119,7 @@ def test_ids_outside_the_vocabulary_are_one_line_naming_shard_id_vocab_and_rebui
   shard = meta["splits"]["train"]["shards"][0]
   ids = np.fromfile(bad / shard["file"], dtype=meta["dtype"])
   np.full_like(ids, 65535).tofile(bad / shard["file"])
-  vocab = load_dataset(data_config(bad)).vocab_size  # sizes match: opening cannot tell
+  vocab = open_dataset(data_config(bad)).vocab_size  # sizes match: opening cannot tell
   with pytest.raises(DataError) as e:
     verify_prepared(bad)
   line = str(e.value)
@@ -131,7 +131,7 @@ def test_ids_outside_the_vocabulary_are_one_line_naming_shard_id_vocab_and_rebui
   (bad / "metadata.json").write_text(json.dumps(meta))
   with pytest.raises(DataError, match=f"token id 65535 is outside the tokenizer's vocabulary of "
                                       f"{vocab}"):
-    load_dataset(data_config(bad))
+    open_dataset(data_config(bad))
   # An id inside the vocabulary but a changed byte: only the checksum sees it.
   changed = tmp_path / "changed"
   shutil.copytree(two_layouts[0], changed)
@@ -149,7 +149,7 @@ def test_ids_outside_the_vocabulary_are_one_line_naming_shard_id_vocab_and_rebui
       s.pop("max_id"), s.pop("sha256")
   (old / "metadata.json").write_text(json.dumps(meta))
   capsys.readouterr()
-  load_dataset(data_config(old))
+  open_dataset(data_config(old))
   note = capsys.readouterr().err.strip().splitlines()
   assert len(note) == 1 and note[0].startswith("note: ") and "--verify" in note[0]
   assert verify_prepared(old)["checksums_compared"] == 0

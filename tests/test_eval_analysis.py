@@ -6,7 +6,7 @@ from flax import nnx
 from diff_transformer.data import ByteTokenizer
 from diff_transformer.evaluation import attention, common, icl, loss, needle, ngram, outliers
 from diff_transformer.model import build_model
-from diff_transformer.model.spec import ModelSpec
+from diff_transformer.model.attention import make_spec
 
 
 def hand_built_sample():
@@ -58,7 +58,7 @@ def test_attention_shares_of_a_hand_built_differential_map():
 @pytest.fixture(scope="module")
 def sharp_model():
   """A random model with large weights, so attention logits are O(1) and quantisation bites."""
-  spec = ModelSpec(variant="diff", vocab_size=257, d_model=64, num_layers=2, num_heads=2,
+  spec = make_spec(variant="diff", vocab_size=257, d_model=64, num_layers=2, num_heads=2,
                    head_dim=16, ffn_dim=128, max_seq_len=64, init_std=0.3)
   return build_model(spec, nnx.Rngs(3))
 

@@ -1,4 +1,6 @@
 """KV-cache decoding equals full-sequence recomputation; cache sizes follow model/cache.py's layout table."""
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
@@ -7,7 +9,7 @@ from flax import nnx
 from diff_transformer.evaluation import common, decoding
 from diff_transformer.model import build_model
 from diff_transformer.model import cache as kv_cache
-from diff_transformer.model.attention import variant_class
+from diff_transformer.model.attention import make_spec, variant_class
 from diff_transformer.model.spec import ModelSpec
 from tests.helpers.variant_table import VARIANTS, entry
 
@@ -15,7 +17,8 @@ VOCAB = 61
 # Every variant with grouped-query attention (h_kv < heads), plus plain MHA for the baseline.
 CASES = {
     **{f"{v}_gqa": dict(variant=v, num_heads=entry(v).tiny.num_heads, head_dim=16,
-                        num_kv_heads=entry(v).tiny.num_kv_heads, rank=entry(v).tiny.rank)
+                        num_kv_heads=entry(v).tiny.num_kv_heads,
+                        **dataclasses.asdict(entry(v).tiny.options))
        for v in VARIANTS},
     "transformer_mha": dict(variant="transformer", num_heads=4, head_dim=16),
     # model.short_conv keeps the last inputs per row in the cache (ragged prefill included).
@@ -25,7 +28,7 @@ CASES = {
 
 
 def tiny(kernel="xla", **kw) -> ModelSpec:
-  return ModelSpec(vocab_size=VOCAB, d_model=64, num_layers=2, ffn_dim=128, max_seq_len=48,
+  return make_spec(vocab_size=VOCAB, d_model=64, num_layers=2, ffn_dim=128, max_seq_len=48,
                    kernel=kernel, init_std=0.1, **kw)
 
 

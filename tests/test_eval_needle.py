@@ -9,7 +9,7 @@ from flax import nnx
 from diff_transformer.data import ByteTokenizer
 from diff_transformer.evaluation import common, needle
 from diff_transformer.model import build_model
-from diff_transformer.model.spec import ModelSpec
+from diff_transformer.model.attention import make_spec
 
 DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 
@@ -95,7 +95,7 @@ def test_perfect_copier_scores_one_and_random_model_about_zero(haystack, tok):
   perfect = needle.evaluate(groups, copier(tok), tok)
   assert all(a == 1.0 for per_len in perfect.values() for per_d in per_len.values()
              for a in per_d.values())
-  spec = ModelSpec(variant="diff", vocab_size=tok.vocab_size, d_model=64, num_layers=2,
+  spec = make_spec(variant="diff", vocab_size=tok.vocab_size, d_model=64, num_layers=2,
                    num_heads=2, head_dim=16, ffn_dim=128, max_seq_len=256)
   fns = common.Fns(build_model(spec, nnx.Rngs(0)))
   random = needle.evaluate(groups, needle.model_generator(fns, 16), tok)

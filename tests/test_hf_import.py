@@ -56,9 +56,9 @@ def test_stock_random_model_imports_with_equal_logits(tmp_path, arch, variant, t
   from diff_transformer.interop import weights
   from diff_transformer.interop.hf_import import import_params
   from diff_transformer.model import build_model
-  from diff_transformer.model.spec import ModelSpec
+  from diff_transformer.model.attention import spec_from_config
   config = hf_runs.run_config(variant, tie=tie)
-  spec = ModelSpec.from_config(config.model)
+  spec = spec_from_config(config.model)
   fields = weights.hf_config(spec, 256)
   fields.pop("architectures")
   torch.manual_seed(0)
@@ -85,10 +85,10 @@ def test_bad_folders_and_shapes_are_one_line(tmp_path):
   from diff_transformer.interop import InteropError
   from diff_transformer.interop.export import export_run
   from diff_transformer.interop.hf_import import import_params
-  from diff_transformer.model.spec import ModelSpec
+  from diff_transformer.model.attention import spec_from_config
   workdir = hf_runs.make_run(tmp_path / "run", hf_runs.run_config("transformer"))
   export_run(workdir, tmp_path / "hf")
-  spec = lambda variant, **kw: ModelSpec.from_config(hf_runs.run_config(variant, **kw).model)
+  spec = lambda variant, **kw: spec_from_config(hf_runs.run_config(variant, **kw).model)
   (tmp_path / "empty").mkdir()
   cases = [
       (spec("transformer"), tmp_path / "nowhere", "is not a folder"),

@@ -57,7 +57,7 @@ def test_lambda_init_by_layer_and_lambda_vectors_std_point_one():
   vals = np.concatenate([np.asarray(getattr(m.blocks.attn, n)[...]).ravel()
                          for n in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")])
   assert vals.size == 8 * 4 * 128 and 0.09 < vals.std() < 0.11
-  const = build_model(dataclasses.replace(spec, lambda_init=0.8), nnx.Rngs(0))
+  const = build_model(spec.replace(lambda_init=0.8), nnx.Rngs(0))
   np.testing.assert_allclose(np.asarray(const.blocks.attn.lambda_init[...]), 0.8)
 
 
@@ -96,10 +96,10 @@ def _initial_logit_rms(preset: str, **model) -> float:
   """rms of the initial attention logits q.k/sqrt(d) on random tokens, over three init seeds."""
   from configs import synthetic as presets
   from diff_transformer.evaluation import outliers
-  from diff_transformer.model.spec import ModelSpec
+  from diff_transformer.model.attention import spec_from_config
   c = presets.get_config(preset)
   c.model.update(model)
-  return outliers.initial_logit_rms(ModelSpec.from_config(c.model), 256, rows=2, T=48)
+  return outliers.initial_logit_rms(spec_from_config(c.model), 256, rows=2, T=48)
 
 
 def test_shared_diff_default_init_starts_at_diff_v1_logit_scale():

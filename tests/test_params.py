@@ -6,6 +6,7 @@ import pytest
 from configs import scaling
 from diff_transformer import params
 from diff_transformer.model.spec import ModelSpec
+from diff_transformer.model.attention import spec_from_config, variant_class
 from tests.helpers.variant_table import VARIANTS, entry
 
 
@@ -22,7 +23,7 @@ def test_every_variant_matches_closed_form(variant):  # GQA, tiny: the registry,
 
 
 def spec(name):
-  return ModelSpec.from_config(scaling.get_config(name).model)
+  return spec_from_config(scaling.get_config(name).model)
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +57,7 @@ def test_shared_diff_has_fewer_parameters(counts):
   # At equal D, L, h, d (every Table 3 row), sharing the base Q/K always saves parameters.
   for size in scaling.SHARED_ROWS:
     s = spec(f"shared_diff-{size}")
-    same_shape_diff = dataclasses.replace(s, variant="diff", rank=0)
+    same_shape_diff = dataclasses.replace(s, variant="diff", options=variant_class("diff").Options())
     assert closed_form(s) < closed_form(same_shape_diff), size
 
 

@@ -438,14 +438,14 @@ def test_a_size_contrast_compares_the_gap_at_one_size_with_the_gap_at_another():
 
 def test_the_width_study_is_parameter_matched_at_every_width_with_v1s_heads_by_size():
   from diff_transformer import params
-  from diff_transformer.model.spec import ModelSpec
+  from diff_transformer.model.attention import spec_from_config
   study = cli.load_definition(str(ROOT / "configs/studies/lm_width.py"), "study",
                               "STUDY").validate()
   assert study.design()["primary"]["comparisons"] == 3 and study.primary == "loss@512-128"
   assert study.design()["primary"]["can_resolve"] and study.grid_by_primary
   for size in study.sizes:
     configs = {v: study.get_config(f"{study.cell_name(v, size)}-s0") for v in study.variants}
-    counts = {v: params.count(ModelSpec.from_config(c.model))["params"]
+    counts = {v: params.count(spec_from_config(c.model))["params"]
               for v, c in configs.items()}
     assert max(counts.values()) / min(counts.values()) < 1.001, (size, counts)
     v1 = configs["transformer@v1heads"].model

@@ -89,7 +89,7 @@ def _tiktoken_file(path: Path, text: str) -> Path:
 
 def test_tiktoken_file_is_recorded_round_trips_and_is_refused_if_changed(prepared, tmp_path):
   pytest.importorskip("tiktoken")
-  from diff_transformer.data import load_dataset
+  from diff_transformer.data import open_dataset
   from diff_transformer.config import base_config
   tmp, _, _ = prepared
   text = "".join(p.read_text() for p in sorted((tmp / "corpus").iterdir())[:2])
@@ -101,13 +101,13 @@ def test_tiktoken_file_is_recorded_round_trips_and_is_refused_if_changed(prepare
   assert record["eot_id"] == 50256 and record["vocab_size"] == 50257
   config = base_config().data
   config.update(dict(name="prepared", path=str(tmp_path / "data"), tokenizer="tiktoken", seq_len=32))
-  tok = load_dataset(config).tokenizer
+  tok = open_dataset(config).tokenizer
   sample = "The king's ghost, at sea: \u00e9t\u00e9 \U0001f642 <|endoftext|>\n"
   assert tok.decode(tok.encode(sample)) == sample
   lines = (tmp_path / "data" / "tokenizer.tiktoken").read_text().splitlines()
   (tmp_path / "data" / "tokenizer.tiktoken").write_text("\n".join(lines[:-1]) + "\n")
   with pytest.raises(DataError, match="tokenizer mismatch") as e:
-    load_dataset(config)
+    open_dataset(config)
   assert "\n" not in str(e.value)
   with pytest.raises(DataError, match="unknown encoding 'nope'"):
     prepare_files([tmp / "corpus"], tmp_path / "x", tokenizer="tiktoken", tokenizer_file=ranks,

@@ -19,7 +19,8 @@ def short_config(variant: str):
   m.variant, m.d_model, m.num_layers, m.ffn_dim, m.max_seq_len, m.head_dim = (
       variant, 64, 2, 192, 64, 16)
   m.num_heads, m.num_kv_heads = entry(variant).learning_heads
-  m.rank = 8
+  if variant == "shared_diff":
+    m.rank = 8  # its own option (another variant takes it only at its default)
   c.data.seq_len = 64
   c.train.update(dict(steps=STEPS, global_batch_size=8, lr=3e-3, final_lr=1e-3, warmup_steps=5,
                       log_every=1, eval_every=STEPS, eval_batches=2, checkpoint_every=1000))

@@ -181,7 +181,7 @@ def test_two_processes_match_one(corpus, tmp_path):
   assert sorted(got) == list(range(1, steps + 1))
   # The same global batches in one process: each process's slice, process 0's rows first.
   config = read_config(workdir)
-  dataset = data.load_dataset(config.data)
+  dataset = data.open_dataset(config.data)
   slices = [data.train_iterator(dataset, config.data, 8, i, 2, seed=config.data.seed)
             for i in range(2)]
   config.mesh.data = 1

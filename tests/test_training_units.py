@@ -44,14 +44,14 @@ def test_decay_mask_comes_from_variable_types(variant):
   left out; with it on, everything is decayed. No parameter name is read: the types say it."""
   from flax import nnx
   from diff_transformer.model import build_model
-  from diff_transformer.model.spec import ModelSpec
+  from diff_transformer.model.attention import spec_from_config
   from diff_transformer.training.optim import decay_mask
   from tests.helpers.models import sharding_config  # after the env of conftest
   c = sharding_config("transformer")
   c.model.variant = variant
   c.model.num_heads = heads_for(variant, c.model.d_model, c.model.head_dim)
   c.model.rank = 4 if variant == "shared_diff" else 0
-  abstract = nnx.eval_shape(lambda: build_model(ModelSpec.from_config(c.model), nnx.Rngs(0)))
+  abstract = nnx.eval_shape(lambda: build_model(spec_from_config(c.model), nnx.Rngs(0)))
   params = nnx.state(abstract, nnx.Param)
   t = c.train
   t.decay_norms = t.decay_lambda = t.decay_embeddings = False
@@ -97,10 +97,10 @@ def test_mesh_shape_resolution_and_errors():
 
 
 def test_flops_count_causal_attention_maxtext_way():
-  from diff_transformer.model.spec import ModelSpec
+  from diff_transformer.model.attention import make_spec
   from diff_transformer.training.metrics import (attention_flops_per_token, matmul_params,
                                                  train_flops_per_token)
-  spec = ModelSpec(variant="transformer", vocab_size=100, d_model=64, num_layers=2,
+  spec = make_spec(variant="transformer", vocab_size=100, d_model=64, num_layers=2,
                    num_heads=4, head_dim=16, ffn_dim=128, max_seq_len=128)
   per_layer_weights = 4 * 64 * 64 + 3 * 64 * 128
   assert matmul_params(spec) == 2 * per_layer_weights + 64 * 100  # LM head, not the lookup
@@ -108,7 +108,7 @@ def test_flops_count_causal_attention_maxtext_way():
   assert attention_flops_per_token(spec, 128) == 2 * 0.5 * (4 * 128 * 4 * 16)
   assert train_flops_per_token(spec, 128) == 6 * matmul_params(spec) + 3 * 2 * 0.5 * (
       4 * 128 * 4 * 16)
-  diff = ModelSpec(variant="diff", vocab_size=100, d_model=64, num_layers=2, num_heads=2,
+  diff = make_spec(variant="diff", vocab_size=100, d_model=64, num_layers=2, num_heads=2,
                    head_dim=16, ffn_dim=128, max_seq_len=128)
   # Two maps per head: QK^T over d, AV over 2d.
   assert attention_flops_per_token(diff, 128) == 2 * 0.5 * (

@@ -22,7 +22,7 @@ from diff_transformer.evaluation import Settings, evaluate
 from diff_transformer.interop import InteropError
 from diff_transformer.model.attention import (PAPER_VARIANTS, VARIANTS, Attention,
                                               register_variant, unregister_variant, variant_class)
-from diff_transformer.model.spec import ModelSpec
+from diff_transformer.model.attention import spec_from_config
 from diff_transformer.study import Study
 from diff_transformer.sweeps.definition import Sweep
 from diff_transformer.interop.export import export_run
@@ -46,7 +46,9 @@ def test_a_registered_variant_runs_everywhere(toy_variant, tmp_path):
   t = config.train
   t.steps, t.global_batch_size, t.checkpoint_every, t.eval_every = 4, 8, 2, 4
   t.log_every, t.eval_batches = 1, 1
-  spec = ModelSpec.from_config(validate(config).model)
+  config.model.fixed_lambda = 0.5  # its own knob (its Options): a model key once registered
+  spec = spec_from_config(validate(config).model)
+  assert spec.options.fixed_lambda == 0.5
   assert spec.num_heads == spec.d_model // spec.head_dim  # the base class's head rule
 
   counts = params.count(spec)
@@ -68,7 +70,7 @@ def test_a_registered_variant_runs_everywhere(toy_variant, tmp_path):
   train_steps = [r["step"] for r in rows if r["kind"] == "train"]
   assert train_steps == [1, 2, 3, 4, 5, 6]  # the resumed run started at step 5
   lambdas = [r["lambda/l0"] for r in rows if r["kind"] == "train"]
-  assert lambdas == [FIXED_LAMBDA] * 6  # the variant's metrics hook, logged per layer
+  assert lambdas == [0.5] * 6  # the variant's metrics hook, logged per layer
 
   # The run is recorded as module:Class, so it restores where nothing was registered.
   recorded = json.loads((workdir / "config.json").read_text())["model"]["variant"]
@@ -76,7 +78,7 @@ def test_a_registered_variant_runs_everywhere(toy_variant, tmp_path):
   unregister_variant(toy_variant)
   unregister_variant(TOY_PATH)
   results = evaluate(workdir, ["task", "attention"], settings=Settings.for_mode(quick=True))
-  assert results["attention"]["map"] == "A1 - 0.25 A2"
+  assert results["attention"]["map"] == "A1 - fixed lambda A2"
   assert results["task"]["step"] == 6 and 0.0 <= results["task"]["accuracy"] <= 1.0
   shutil.rmtree(workdir / "eval")
   proc = subprocess.run([sys.executable, "eval.py", f"--workdir={workdir}", "--suites=task",
@@ -97,6 +99,23 @@ def test_an_unregistered_variant_is_one_config_error(toy_variant):
   unregister_variant(toy_variant)
   with pytest.raises(ConfigError, match="model.variant: unknown variant 'fixed_lambda'"):
     validate(config)
+
+
+def test_a_variants_own_option_is_a_model_key_while_it_is_registered(toy_variant):
+  """Its Options are the variant's own model.* keys: in the model section with their default,
+  checked in one line, and gone when the variant is."""
+  from diff_transformer.config import base_config
+  config = synthetic.get_config(f"{toy_variant}-mqar_plain")
+  assert config.model.fixed_lambda == FIXED_LAMBDA
+  config.model.fixed_lambda = 1.5
+  with pytest.raises(ConfigError, match=r"^model.fixed_lambda: must be in \[0, 1\), got 1.5$"):
+    validate(config)
+  diff = synthetic.get_config("diff-mqar_plain")
+  diff.model.fixed_lambda = 0.5
+  with pytest.raises(ConfigError, match="^model.fixed_lambda: an option of fixed_lambda, not of diff"):
+    validate(diff)
+  unregister_variant(toy_variant)
+  assert "fixed_lambda" not in base_config().model
 
 
 def test_a_variant_name_is_registered_once(toy_variant):

@@ -17,7 +17,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from configs import scaling  # noqa: E402
 from diff_transformer import params  # noqa: E402
-from diff_transformer.model.spec import ModelSpec  # noqa: E402
+from diff_transformer.model.attention import spec_from_config  # noqa: E402
 
 PAGES = ("docs/configs.md", "docs/evaluation.md", "docs/sweeps.md", "docs/kernels.md",
          "docs/performance.md")
@@ -28,7 +28,7 @@ def preset_table() -> str:
           "|---|---|---|---|---|---|---|---|---|---|---|"]
   for name in scaling.preset_names():
     m = scaling.get_config(name).model
-    spec = ModelSpec.from_config(m)
+    spec = spec_from_config(m)
     c = params.count(spec)
     rows.append(f"| `{name}` | {m.d_model} | {m.num_layers} | {m.num_heads} | {spec.kv_heads} | "
                 f"{m.head_dim} | {m.ffn_dim} | {m.rank or '-'} | {c['params'] / 1e9:.3f}B | "

@@ -21,7 +21,7 @@ from benchmarks.gpu_check.common import (OPTIONS, Deadline, Record, compile_all,
                                          lengths_or, lower_or_error)
 from diff_transformer.kernels import cudnn, reference, xla
 from diff_transformer.kernels.pallas import attention as pallas_attention
-from diff_transformer.model.attention import PAPER_VARIANTS
+from diff_transformer.model.attention import PAPER_VARIANTS, spec_from_config
 from diff_transformer.model.spec import ModelSpec
 from diff_transformer.training.metrics import kernel_inputs
 from tests.helpers.kernels import ARG_NAMES, exact_cpu_attention, np_attention
@@ -108,12 +108,12 @@ def correctness_spec(variant: str, layout: str, dtype: str, cpu: bool) -> ModelS
   and 128 wide, values 192 and 256: the widths the exact cuDNN layout takes as they are)."""
   if layout in ("830m", "3b"):
     c = paper_config(variant, seq_len=8, batch=1, layers=1, dtype=dtype, size=layout)
-    return ModelSpec.from_config(c.model)
+    return spec_from_config(c.model)
   d_model, head_dim = (64, 16) if cpu else (512, 64)
   c = small_config(variant, seq_len=8, batch=1, dtype=dtype, d_model=d_model, head_dim=head_dim)
   if layout == "gqa":
     c.model.num_kv_heads = c.model.num_heads // 2
-  return ModelSpec.from_config(c.model)
+  return spec_from_config(c.model)
 
 
 def stage_correctness(out: Path, cpu: bool, seconds: float) -> None:

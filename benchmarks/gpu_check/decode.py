@@ -14,8 +14,7 @@ from benchmarks.gpu_check.common import (OPTIONS, Deadline, Record, compile_all,
                                          model_config)
 from diff_transformer.model import build_model
 from diff_transformer.model import cache as kv_cache
-from diff_transformer.model.attention import PAPER_VARIANTS, variant_class
-from diff_transformer.model.spec import ModelSpec
+from diff_transformer.model.attention import PAPER_VARIANTS, spec_from_config, variant_class
 from diff_transformer.params import abstract_model
 
 def stage_decode(out: Path, cpu: bool, seconds: float) -> None:
@@ -86,7 +85,7 @@ def _lowered(cpu: bool, prompt: int, new: int, batches: tuple[int, ...]) -> tupl
   models, lowered = {}, {}
   for variant in PAPER_VARIANTS:
     config = model_config(variant, cpu, seq_len=prompt + new, batch=1, kernel="auto")
-    spec = ModelSpec.from_config(config.model)
+    spec = spec_from_config(config.model)
     graphdef = nnx.split(abstract_model(spec))[0]
     models[variant] = dict(spec=spec, graphdef=graphdef)
 

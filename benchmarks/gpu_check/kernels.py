@@ -15,8 +15,7 @@ from benchmarks.gpu_check.common import (OPTIONS, Deadline, Record, compile_all,
                                          interleaved_times, lengths_or, lower_or_error, temp_bytes)
 from benchmarks.gpu_check.correctness import fwd_bwd, out_struct, paths, signature
 from diff_transformer.kernels import executed_flops
-from diff_transformer.model.attention import PAPER_VARIANTS, variant_class
-from diff_transformer.model.spec import ModelSpec
+from diff_transformer.model.attention import PAPER_VARIANTS, spec_from_config, variant_class
 from diff_transformer.training.metrics import kernel_inputs
 from tests.helpers.kernels import ARG_NAMES
 
@@ -93,10 +92,10 @@ def _cells(kernels: dict, tokens: int, lengths: tuple[int, ...], cpu: bool) -> t
     batch = max(1, tokens // T)
     for variant in PAPER_VARIANTS:
       if cpu:
-        spec = ModelSpec.from_config(small_config(variant, seq_len=T, batch=batch,
+        spec = spec_from_config(small_config(variant, seq_len=T, batch=batch,
                                                   dtype="bfloat16").model)
       else:
-        spec = ModelSpec.from_config(paper_config(variant, seq_len=T, batch=batch, layers=1,
+        spec = spec_from_config(paper_config(variant, seq_len=T, batch=batch, layers=1,
                                                   size=OPTIONS["size"]).model)
       p = kernel_inputs(spec, T, batch)
       names = [n for n in ARG_NAMES if getattr(p, n) is not None]

@@ -25,8 +25,7 @@ from bench_common import spread, synthetic_batch
 from benchmarks.gpu_check.common import (OPTIONS, Deadline, Record, compile_all, error_text,
                                          lengths_or, model_config)
 from diff_transformer.mesh import global_batch, make_mesh
-from diff_transformer.model.attention import PAPER_VARIANTS
-from diff_transformer.model.spec import ModelSpec
+from diff_transformer.model.attention import PAPER_VARIANTS, spec_from_config
 from diff_transformer.params import count
 from diff_transformer.runs.checkpoint import Checkpointer
 from diff_transformer.runs.layout import fingerprint
@@ -63,7 +62,7 @@ def stage_train(out: Path, cpu: bool, seconds: float, timing: bool = True) -> No
         if not timing and (variant, label, T) != ("diff", "auto", lengths[0]):
           continue
         auto = model_config(variant, cpu, seq_len=T, batch=batch, kernel="auto")
-        chosen = executed_flops_per_token(ModelSpec.from_config(auto.model), T)[1]
+        chosen = executed_flops_per_token(spec_from_config(auto.model), T)[1]
         kernel = "auto" if label == "auto" else next(k for k in FUSED if k != chosen)
         run = dict(variant=variant, T=T, batch=batch, label=label, kernel=kernel,
                    runs=chosen if kernel == "auto" else kernel)

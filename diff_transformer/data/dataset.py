@@ -34,7 +34,7 @@ class _TokenizerFields:
 
 @dataclasses.dataclass(frozen=True)
 class Dataset(_TokenizerFields):
-  """What training and evaluation need from the data: open it with `load_dataset`."""
+  """What training and evaluation need from the data: open it with `open_dataset`."""
   path: Path  # the prepared directory
   tokenizer: Tokenizer
   metadata: dict
@@ -86,6 +86,7 @@ def _memmap(path: Path, dtype: str) -> np.ndarray:
 
 
 def _named_dir(data_config: ml_collections.ConfigDict) -> Path:
+  """Where the data config.data names is (or will be) prepared; nothing is read or written."""
   check_name(data_config.tokenizer)
   if data_config.name == "prepared":
     if not data_config.path:
@@ -100,9 +101,18 @@ def _named_dir(data_config: ml_collections.ConfigDict) -> Path:
                     "directory written by prepare_data.py --tokenizer_file/--tiktoken_file)")
   # One prepared copy per (tokenizer, vocab, held-out fraction); the split itself is by content.
   vocab = f"-{data_config.bpe_vocab_size}" if data_config.tokenizer == "bpe" else ""
-  out = (cache_root(data_config.cache_dir) / "shakespeare" /
-         f"{data_config.tokenizer}{vocab}-val{data_config.val_fraction:g}")
-  if not out.is_dir():
+  return (cache_root(data_config.cache_dir) / "shakespeare" /
+          f"{data_config.tokenizer}{vocab}-val{data_config.val_fraction:g}")
+
+
+def ensure_prepared(data_config: ml_collections.ConfigDict) -> Path:
+  """The prepared directory config.data names: the built-in corpus is fetched and prepared into
+  the cache on first use (what train.py and prepare_data.py --shakespeare do before anything
+  opens it). A synthetic task needs nothing prepared: None."""
+  if data_config.name in synthetic.TASKS:
+    return None
+  out = _named_dir(data_config)
+  if data_config.name == "shakespeare" and not out.is_dir():
     docs = corpus.shakespeare_documents(data_config.cache_dir)
     print(f"Preparing the Shakespeare corpus into {out}", flush=True)
     prepare_documents(lambda: iter(docs), out, tokenizer=data_config.tokenizer,
@@ -112,11 +122,13 @@ def _named_dir(data_config: ml_collections.ConfigDict) -> Path:
   return out
 
 
-def ensure_prepared(data_config: ml_collections.ConfigDict) -> Path:
-  """The prepared directory config.data names, its tokenizer checked against the config; the
-  built-in corpus is fetched and prepared into the cache on first use. Step one of two: then
-  `open_prepared`."""
+def _checked_dir(data_config: ml_collections.ConfigDict) -> Path:
+  """The prepared directory config.data names, its tokenizer checked against the config."""
   path = _named_dir(data_config)
+  if data_config.name == "shakespeare" and not path.is_dir():
+    raise DataError(f"data.name: the built-in corpus is not prepared in {path} yet; run `python "
+                    f"prepare_data.py --shakespeare --tokenizer {data_config.tokenizer}` (train.py "
+                    "prepares it on first use)")
   meta = read_metadata(path)
   recorded = meta["tokenizer"]
   if recorded["name"] != data_config.tokenizer or (
@@ -134,7 +146,7 @@ def ensure_prepared(data_config: ml_collections.ConfigDict) -> Path:
 
 def open_prepared(path: str | Path, seq_len: int) -> Dataset:
   """The dataset of a prepared directory (its tokenizer, metadata and shards checked) for rows
-  of `seq_len` tokens. Step two of two, after `ensure_prepared`."""
+  of `seq_len` tokens; nothing is written."""
   path = Path(path)
   meta = read_metadata(path)
   tok = load_tokenizer(meta["tokenizer"], path)
@@ -152,15 +164,16 @@ def open_prepared(path: str | Path, seq_len: int) -> Dataset:
   return Dataset(path=path, tokenizer=tok, metadata=meta, seq_len=seq_len)
 
 
-def load_dataset(data_config: ml_collections.ConfigDict, *, seq_len: int | None = None
+def open_dataset(data_config: ml_collections.ConfigDict, *, seq_len: int | None = None
                  ) -> Dataset | TaskDataset:
-  """The data config.data describes: `ensure_prepared` then `open_prepared` (seq_len defaults to
-  config.data.seq_len; the iterators use the dataset's). Synthetic tasks (data.name = mqar |
-  needle) are generated, not prepared: a TaskDataset."""
+  """The data config.data names, opened read-only: what training and evaluation read. The
+  prepared directory must exist (`ensure_prepared` writes it); its tokenizer is checked against
+  the config. seq_len defaults to config.data.seq_len (the iterators use the dataset's).
+  Synthetic tasks (data.name = mqar | needle) are generated, not prepared: a TaskDataset."""
   if data_config.name in synthetic.TASKS:
     spec = synthetic.task_spec(data_config, seq_len)
     return TaskDataset(spec=spec, tokenizer=TaskTokenizer(spec), seq_len=spec.seq_len)
-  return open_prepared(ensure_prepared(data_config),
+  return open_prepared(_checked_dir(data_config),
                        int(data_config.seq_len if seq_len is None else seq_len))
 
 

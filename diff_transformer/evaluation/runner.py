@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from diff_transformer.data import heldout_documents, load_dataset, synthetic, validation_batches
+from diff_transformer.data import heldout_documents, open_dataset, synthetic, validation_batches
 from diff_transformer.evaluation import (attention, common, generate, icl, long_context, loss,
                                          needle, outliers, quantization, report, tasks)
 from diff_transformer.evaluation.common import SUITES, TASK_SUITES, Settings
@@ -79,7 +79,7 @@ class Run:
   def dataset(self):
     try:
       # A task's rows keep their trained length (the task suite varies it per slice).
-      ds = load_dataset(self.config.data, seq_len=None if self.is_task else self.context)
+      ds = open_dataset(self.config.data, seq_len=None if self.is_task else self.context)
       check_tokenizer_record(self.workdir, ds.tokenizer)
     except (DataError, OSError, RuntimeError) as e:
       raise EvalError(last_line(e)) from e

@@ -21,6 +21,7 @@ from diff_transformer.files import read_json
 from diff_transformer.interop import InteropError, require, weights
 from diff_transformer.interop.hf_tokenizer import hf_tokenizer
 from diff_transformer.model.spec import ModelSpec
+from diff_transformer.model.attention import spec_from_config
 from diff_transformer.runs.folder import CONFIG, TOKENIZER_RECORD
 from diff_transformer.runs.record import read_config
 from diff_transformer.runs.restore import restore_model
@@ -97,7 +98,7 @@ def export_run(workdir: str | Path, out: str | Path, step: int | None = None) ->
   if config is None or not (workdir / TOKENIZER_RECORD).is_file():
     raise InteropError(f"--workdir: {workdir} has no {CONFIG} or {TOKENIZER_RECORD}; not a "
                        "training workdir")
-  spec = ModelSpec.from_config(config.model)
+  spec = spec_from_config(config.model)
   record = read_json(workdir / TOKENIZER_RECORD, InteropError, "tokenizer record")
   tokenizer = check_export(spec, record, out, workdir, task=config.data.name)
   model, _, step = restore_model(workdir, step=step)

@@ -44,7 +44,7 @@ def fold_subln(wo_in_out: np.ndarray, gain: np.ndarray, heads: int) -> np.ndarra
 def out_scale_ratio(spec: ModelSpec, layer: int) -> np.float32:
   """Our multiplier after the sub-layer norm over DiffLlama's (1 - lambda_init): 1 under the
   rule; under a fixed model.norm_out_scale, folded into o_proj like the norm's gain."""
-  fixed = spec.fixed_norm_out_scale
+  fixed = spec.options.fixed_norm_out_scale
   return np.float32(1.0 if fixed is None else fixed / (1.0 - lambda_init(layer)))
 
 
@@ -73,15 +73,15 @@ class DiffLlama(Target):
   sub_heads = 2
 
   def check(self, spec: ModelSpec) -> None:
-    if not spec.subln:
+    if not spec.options.subln:
       raise InteropError("model.subln: False (no sub-layer norm) has no equivalent in "
                          "DiffLlamaForCausalLM, which always normalises each head")
-    if spec.norm_out_scale == "layer_rule":
+    if spec.options.norm_out_scale == "layer_rule":
       raise InteropError("model.norm_out_scale: layer_rule has no equivalent in "
                          "DiffLlamaForCausalLM (export with rule: the same multiplier where "
                          "lambda_init follows the layer rule)")
-    if spec.lambda_init is not None:
-      raise InteropError(f"model.lambda_init: the constant {spec.lambda_init} has no equivalent "
+    if spec.options.lambda_init is not None:
+      raise InteropError(f"model.lambda_init: the constant {spec.options.lambda_init} has no equivalent "
                          "in DiffLlamaForCausalLM (0.8 - 0.6 exp(-0.3 l) only)")
 
   def constants(self, spec: ModelSpec) -> Params:

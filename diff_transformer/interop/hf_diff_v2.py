@@ -21,11 +21,11 @@ class DiffV2(Target):
     return DiffV2Config
 
   def check(self, spec: ModelSpec) -> None:
-    if spec.v2_pairing != "interleaved":
-      raise InteropError(f"model.v2_pairing: '{spec.v2_pairing}' is not exported (the bundled "
+    if spec.options.v2_pairing != "interleaved":
+      raise InteropError(f"model.v2_pairing: '{spec.options.v2_pairing}' is not exported (the bundled "
                          "DIFF V2 model pairs query heads 2j, 2j+1)")
-    if spec.v2_lambda != "sigmoid":
-      raise InteropError(f"model.v2_lambda: '{spec.v2_lambda}' is not exported (the bundled "
+    if spec.options.v2_lambda != "sigmoid":
+      raise InteropError(f"model.v2_lambda: '{spec.options.v2_lambda}' is not exported (the bundled "
                          "DIFF V2 model applies sigmoid(x W_lambda))")
 
   def config(self, spec: ModelSpec, cfg: dict) -> dict:

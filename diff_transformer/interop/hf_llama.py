@@ -10,7 +10,7 @@ class Llama(Target):
   architecture = "LlamaForCausalLM"
 
   def check(self, spec: ModelSpec) -> None:
-    if spec.head_norm:
+    if spec.options.head_norm:
       raise InteropError("model.head_norm: a per-head output norm has no equivalent in "
                          "LlamaForCausalLM")
 

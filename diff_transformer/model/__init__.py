@@ -7,12 +7,13 @@ from flax import nnx
 
 from diff_transformer.model.decoder import Block, Decoder
 from diff_transformer.model.spec import ModelSpec
+from diff_transformer.model.attention import spec_from_config
 
 __all__ = ["Block", "Decoder", "ModelSpec", "build_model"]
 
 
 def build_model(model_config: ml_collections.ConfigDict | ModelSpec, rngs: nnx.Rngs) -> Decoder:
   """Parameters are created sharded by the logical rules when a mesh is set, plain otherwise."""
-  spec = model_config if isinstance(model_config, ModelSpec) else ModelSpec.from_config(model_config)
+  spec = model_config if isinstance(model_config, ModelSpec) else spec_from_config(model_config)
   with nnx.use_eager_sharding(not jax.sharding.get_abstract_mesh().empty):
     return Decoder(spec, rngs=rngs)

@@ -28,6 +28,7 @@ from diff_transformer.data import assert_compatible, describe
 from diff_transformer.data.tokenizer import load_tokenizer
 from diff_transformer.errors import DataError, TrainError, last_line
 from diff_transformer.files import read_json
+from diff_transformer.model.attention import known_variant
 from diff_transformer.tree import flatten
 
 
@@ -131,8 +132,11 @@ def read_config(workdir: Path) -> ml_collections.ConfigDict | None:
   path = Path(workdir) / run_folder.CONFIG
   if not path.is_file():
     return None
-  config = base_config()
   values = read_json(path, TrainError, "run config")
+  variant = values.get("model", {}).get("variant")
+  if isinstance(variant, str):
+    known_variant(variant)  # a module:Class is imported, so its own options are model keys
+  config = base_config()
   try:
     config.update_from_flattened_dict(flatten(values))
   except (KeyError, AttributeError, TypeError, ValueError) as e:

@@ -9,7 +9,7 @@ import ml_collections
 
 from diff_transformer.config import validate
 from diff_transformer.errors import TrainError
-from diff_transformer.model.spec import ModelSpec
+from diff_transformer.model.attention import spec_from_config
 from diff_transformer.runs.checkpoint import Checkpointer
 from diff_transformer.runs.folder import CONFIG
 from diff_transformer.runs.layout import ModelLayout
@@ -36,7 +36,7 @@ def restore_model(workdir: str | Path, step: int | None = None,
   if mesh is None:
     mesh = make_mesh(ml_collections.ConfigDict(dict(data=1, fsdp=1, tensor=1)),
                      devices=jax.devices()[:1])
-  layout = ModelLayout(ModelSpec.from_config(config.model), mesh)  # no optimizer is built
+  layout = ModelLayout(spec_from_config(config.model), mesh)  # no optimizer is built
   checkpointer = Checkpointer(workdir, read_only=True)
   found = checkpointer.restore(layout.abstract, step=step, model_only=True)
   if found is None:

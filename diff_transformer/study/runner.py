@@ -13,7 +13,7 @@ from diff_transformer import launch, params
 from diff_transformer.data import synthetic
 from diff_transformer.errors import ConfigError
 from diff_transformer.evaluation import Settings, evaluate, floors
-from diff_transformer.model.spec import ModelSpec
+from diff_transformer.model.attention import spec_from_config
 from diff_transformer.paths import write_atomic
 from diff_transformer.runs.folder import RunFolder
 from diff_transformer.study import grid as lr_grid
@@ -213,7 +213,7 @@ def _record(study: Study, point: str, workdir: Path, config) -> dict:
   summary, rows = folder.read_summary() or {}, folder.metric_rows()
   ev = {s: folder.read_eval(s) for s in suites(study)}
   record = dict(variant=p.variant, size=p.size, seed=p.seed,
-                params=params.count(ModelSpec.from_config(config.model))["params"],
+                params=params.count(spec_from_config(config.model))["params"],
                 lr=float(config.train.lr), steps=summary.get("step"),
                 budget=config.train.steps, stopped_at_level=bool(summary.get("stopped_at_level")),
                 final_loss=summary.get("val_loss"), val_accuracy=summary.get("val_accuracy"),

@@ -10,7 +10,7 @@ import numpy as np
 
 from diff_transformer import params
 from diff_transformer.evaluation.common import pyplot
-from diff_transformer.model.spec import ModelSpec
+from diff_transformer.model.attention import spec_from_config
 from diff_transformer.runs.folder import RunFolder
 from diff_transformer.sweeps import fit
 from diff_transformer.sweeps.definition import Sweep, SweepError, tokens
@@ -24,7 +24,7 @@ def collect(sweep: Sweep, root: str) -> list[dict]:
       continue
     variant, size, budget = sweep.parse(point)
     config = sweep.get_config(point)
-    counts = params.count(ModelSpec.from_config(config.model))
+    counts = params.count(spec_from_config(config.model))
     rows.append(dict(point=point, variant=variant, size=size, budget=budget,
                      non_embedding_params=counts["non_embedding_params"],
                      paper_params=counts["paper_params"], tokens=tokens(config),

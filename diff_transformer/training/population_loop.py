@@ -25,14 +25,14 @@ from tqdm import tqdm
 
 from diff_transformer.errors import TrainError
 from diff_transformer.mesh import check_parallelism, make_mesh
-from diff_transformer.model.spec import ModelSpec
+from diff_transformer.model.attention import spec_from_config
 from diff_transformer.runs import folder as run_folder
 from diff_transformer.runs import record as run_record
 from diff_transformer.runs.folder import RunFolder
 from diff_transformer.runs.lock import WorkdirLock, prepare_workdir
 from diff_transformer.training.guard import DivergenceGuard
-from diff_transformer.training.loop import (finish, open_data, open_run, record_start,
-                                            start_logging)
+from diff_transformer.training.loop import finish, start_logging
+from diff_transformer.training.opening import open_data, open_run, record_start
 from diff_transformer.training.population import Population
 from diff_transformer.training.population_members import Member, Members, failed_before
 from diff_transformer.training.schedule import Schedule, run_steps
@@ -94,7 +94,7 @@ def _open(configs, workdirs, scales, name: str):
   """(members, population, stacked state): data, records, and the state of the members still
   training, resumed at the newest step every one of them holds (None, None: none is left)."""
   datasets = [open_data(c) for c in configs]
-  spec = ModelSpec.from_config(configs[0].model)
+  spec = spec_from_config(configs[0].model)
   mesh = make_mesh(configs[0].mesh, jax.devices()[:1])
   check_parallelism(configs[0], mesh, spec)
   trainer = Trainer(configs[0], mesh, spec)

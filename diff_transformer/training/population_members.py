@@ -14,7 +14,7 @@ from diff_transformer.errors import TrainError
 from diff_transformer.runs.folder import RunFolder
 from diff_transformer.training import validation
 from diff_transformer.training.guard import DivergenceGuard
-from diff_transformer.training.loop import Run
+from diff_transformer.training.opening import Run
 from diff_transformer.training.metrics import MetricsLogger, RateWindow, log_train_row
 from diff_transformer.training.population import Population
 

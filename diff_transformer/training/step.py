@@ -27,6 +27,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from diff_transformer.data import synthetic
 from diff_transformer.model import build_model
 from diff_transformer.model.spec import ModelSpec
+from diff_transformer.model.attention import spec_from_config
 from diff_transformer.sharding import BATCH, LENGTH, LOGICAL_RULES, constrain
 from diff_transformer.runs.layout import ModelLayout, State
 from diff_transformer.training import loss
@@ -51,7 +52,7 @@ class Trainer:
   def __init__(self, config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
                spec: ModelSpec | None = None):
     self.config, self.mesh = config, mesh
-    self.spec = spec or ModelSpec.from_config(config.model)
+    self.spec = spec or spec_from_config(config.model)
     self.schedule = learning_rate_schedule(config.train)
     self.micro_batches = int(config.train.micro_batches)
     self.z_loss = float(config.train.z_loss)

@@ -3,6 +3,7 @@ state with every parameter perturbed (norm gains and lambda vectors far from the
 wrong fold or pairing shows), saved as a real checkpoint with its run record."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -22,7 +23,8 @@ def run_config(variant: str, *, gqa: bool = True, tie: bool = False, **model):
   config = base_config()
   fields = dict(variant=variant, vocab_size=VOCAB, d_model=32, num_layers=3,
                 num_heads=shape.num_heads, num_kv_heads=shape.kv_heads if gqa else shape.num_heads,
-                head_dim=8, ffn_dim=64, max_seq_len=64, tie_embeddings=tie, rank=shape.rank)
+                head_dim=8, ffn_dim=64, max_seq_len=64, tie_embeddings=tie,
+                **dataclasses.asdict(shape.options))
   config.model.update({**fields, **model})
   config.data.update(dict(name="prepared", tokenizer="byte", seq_len=32))
   config.train.update(dict(steps=10, global_batch_size=2))

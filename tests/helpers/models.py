@@ -2,6 +2,8 @@
 gradients of one train step."""
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import numpy as np
 
@@ -19,7 +21,8 @@ def sharding_config(variant: str, mesh=(1, 1, 1), micro: int = 1):
       variant, 96, 32, 2, 64, 16)
   spec = entry(variant).tiny
   m.num_heads, m.num_kv_heads = spec.num_heads, max(2, spec.kv_heads)  # kv heads split by tensor=2
-  m.head_dim, m.rank = 8, spec.rank
+  m.head_dim = 8
+  m.update(dataclasses.asdict(spec.options))  # the variant's own keys (Shared DIFF's rank)
   c.data.seq_len = 16
   c.train.global_batch_size = 16
   c.train.micro_batches = micro
@@ -36,7 +39,8 @@ def kernel_config(variant: str, kernel: str, **model):
   c.model.update(TINY)
   c.model.variant, c.model.kernel = variant, kernel
   spec = tiny(variant)  # GQA
-  c.model.num_heads, c.model.num_kv_heads, c.model.rank = spec.num_heads, spec.num_kv_heads, spec.rank
+  c.model.num_heads, c.model.num_kv_heads = spec.num_heads, spec.num_kv_heads
+  c.model.update(dataclasses.asdict(spec.options))
   c.model.update(model)
   c.data.seq_len = 40
   c.train.global_batch_size = 4

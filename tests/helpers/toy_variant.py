@@ -2,19 +2,34 @@
 name after `register_variant`, or as `model.variant=tests.helpers.toy_variant:FixedLambdaAttention`."""
 from __future__ import annotations
 
+import dataclasses
+
 import jax.numpy as jnp
 
+from diff_transformer.errors import ConfigError
 from diff_transformer.model.attention import Attention, Projected
+from diff_transformer.model.attention.base import VariantOptions
 from diff_transformer.model.roles import Gain
 
 FIXED_LAMBDA = 0.25
 
 
+@dataclasses.dataclass(frozen=True)
+class FixedLambdaOptions(VariantOptions):
+  """The variant's own knob: model.fixed_lambda, once registered."""
+  fixed_lambda: float = FIXED_LAMBDA
+
+  def check(self) -> None:
+    if not 0.0 <= self.fixed_lambda < 1.0:
+      raise ConfigError(f"model.fixed_lambda: must be in [0, 1), got {self.fixed_lambda}")
+
+
 class FixedLambdaAttention(Attention):
-  """(softmax(Q1 K1^T) - 0.25 softmax(Q2 K2^T)) V: two maps of N heads over 2 x K key groups,
-  one d-wide value per kv head, no learned lambda and no sub-layer norm; a learned gain on the
-  merged heads."""
-  map_name = "A1 - 0.25 A2"
+  """(softmax(Q1 K1^T) - lambda softmax(Q2 K2^T)) V, lambda = model.fixed_lambda: two maps of
+  N heads over 2 x K key groups, one d-wide value per kv head, no learned lambda and no
+  sub-layer norm; a learned gain on the merged heads."""
+  map_name = "A1 - fixed lambda A2"
+  Options = FixedLambdaOptions
 
   def __init__(self, spec, layer_idx, *, rngs):
     super().__init__(spec, layer_idx, rngs=rngs)
@@ -41,7 +56,7 @@ class FixedLambdaAttention(Attention):
     n, k = s.num_heads, s.kv_heads
     return Projected(q1=q_BTNH[:, :, :n], k1=k_BTKH[:, :, :k], v=self._heads(self.wv(x_BTD), k),
                      q2=q_BTNH[:, :, n:], k2=k_BTKH[:, :, k:],
-                     lam=jnp.asarray(FIXED_LAMBDA, jnp.float32))
+                     lam=jnp.asarray(s.options.fixed_lambda, jnp.float32))
 
   def output(self, o_BTNH, p):
     return self.wo(self._merge(o_BTNH) * self.out_gain[...][None, None])

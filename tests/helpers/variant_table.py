@@ -14,6 +14,7 @@ import pytest
 
 from tests.helpers import np_reference as ref
 from diff_transformer.model.attention import PAPER_VARIANTS, variant_names
+from diff_transformer.model.attention import make_spec
 from diff_transformer.model.spec import ModelSpec
 
 BASE = dict(vocab_size=97, d_model=32, num_layers=2, ffn_dim=64, max_seq_len=64)
@@ -46,13 +47,13 @@ class Entry:
 
 def _out_scale(s: ModelSpec):
   """The oracle's out_scale: None for the rule, else the number or the rule's name."""
-  return None if s.norm_out_scale == "rule" else s.fixed_norm_out_scale or s.norm_out_scale
+  return None if s.options.norm_out_scale == "rule" else s.options.fixed_norm_out_scale or s.options.norm_out_scale
 
 
 def _diff_v1(shared: bool):
   def oracle(s, w, x, seg, layer):
     return ref.diff_v1(x, w, h=s.num_heads, K=s.kv_heads, d=s.head_dim, layer=layer, seg=seg,
-                       subln=s.subln, shared=shared, lam_init=s.lambda_init,
+                       subln=s.options.subln, shared=shared, lam_init=s.options.lambda_init,
                        out_scale=_out_scale(s))
   return oracle
 
@@ -63,7 +64,7 @@ def _diff_params(s: ModelSpec) -> int:
 
 
 def _shared_params(s: ModelSpec) -> int:
-  D, h, K, d, r = s.d_model, s.num_heads, s.kv_heads, s.head_dim, s.rank
+  D, h, K, d, r = s.d_model, s.num_heads, s.kv_heads, s.head_dim, s.options.rank
   return (D * h * d + D * K * d + 2 * (D * r + r * h * d) + 2 * (D * r + r * K * d)
           + D * K * 2 * d + 2 * h * d * D + 4 * d + 2 * d)
 
@@ -82,36 +83,36 @@ DIFF_UNDECAYED = frozenset({"blocks/attn/lambda_q1", "blocks/attn/lambda_k1",
 
 TABLE: dict[str, Entry] = {
     "transformer": Entry(
-        tiny=ModelSpec(variant="transformer", num_heads=4, num_kv_heads=2, head_dim=8, **BASE),
+        tiny=make_spec(variant="transformer", num_heads=4, num_kv_heads=2, head_dim=8, **BASE),
         numerics=(8, 8),
         oracle=lambda s, w, x, seg, layer: ref.transformer(x, w, N=s.num_heads, K=s.kv_heads,
                                                            d=s.head_dim, seg=seg,
-                                                           head_norm=s.head_norm,
+                                                           head_norm=s.options.head_norm,
                                                            out_scale=_out_scale(s)),
         attention_params=lambda s: (2 * s.d_model * s.num_heads * s.head_dim
                                     + 2 * s.d_model * s.kv_heads * s.head_dim),
         cache=_one_key_one_value, learning_heads=(4, 2),
         equality_meshes=((8, 1, 1), (2, 2, 2)), init_mesh=(8, 1, 1), undecayed=frozenset()),
     "diff": Entry(
-        tiny=ModelSpec(variant="diff", num_heads=2, num_kv_heads=1, head_dim=8, **BASE),
+        tiny=make_spec(variant="diff", num_heads=2, num_kv_heads=1, head_dim=8, **BASE),
         numerics=(4, 8), oracle=_diff_v1(shared=False), attention_params=_diff_params,
         cache=_two_keys_wide_value, learning_heads=(2, 1),
         equality_meshes=((8, 1, 1), (2, 2, 2)), init_mesh=(2, 2, 2), undecayed=DIFF_UNDECAYED,
         tolerance=1e-4),
     "shared_diff": Entry(
-        tiny=ModelSpec(variant="shared_diff", num_heads=2, num_kv_heads=1, head_dim=8, rank=4,
+        tiny=make_spec(variant="shared_diff", num_heads=2, num_kv_heads=1, head_dim=8, rank=4,
                        **BASE),
         numerics=(4, 8), oracle=_diff_v1(shared=True), attention_params=_shared_params,
         cache=_two_keys_wide_value, learning_heads=(2, 1),
         equality_meshes=((2, 2, 2), (1, 4, 2)), init_mesh=(1, 4, 2), undecayed=DIFF_UNDECAYED,
         tolerance=1e-4),
     "diff_v2": Entry(
-        tiny=ModelSpec(variant="diff_v2", num_heads=4, num_kv_heads=2, head_dim=8, **BASE),
+        tiny=make_spec(variant="diff_v2", num_heads=4, num_kv_heads=2, head_dim=8, **BASE),
         numerics=(4, 16),
         oracle=lambda s, w, x, seg, layer: ref.diff_v2(x, w, h=s.num_heads, K=s.kv_heads,
                                                        d=s.head_dim, seg=seg,
-                                                       pairing=s.v2_pairing,
-                                                       lam_mode=s.v2_lambda),
+                                                       pairing=s.options.v2_pairing,
+                                                       lam_mode=s.options.v2_lambda),
         attention_params=lambda s: (s.d_model * 2 * s.num_heads * s.head_dim
                                     + 2 * s.d_model * s.kv_heads * s.head_dim
                                     + s.num_heads * s.head_dim * s.d_model

@@ -1,7 +1,12 @@
 """Attention variants: adding one is a new module plus one entry here (or one call to
 `register_variant` from user code, or `model.variant=module:Class`); everything variant-specific
-lives on the class. docs/adding_a_variant.md lists the steps."""
+lives on the class, its own model.* keys on its `Options`. docs/adding_a_variant.md lists the
+steps. The model spec is read from the config here, since its options depend on the variant."""
+import dataclasses
 import importlib
+import typing
+
+import ml_collections
 
 from diff_transformer.errors import ConfigError
 from diff_transformer.model.attention.base import Attention, Projected
@@ -10,11 +15,12 @@ from diff_transformer.model.attention.diff_v2 import DiffV2Attention
 from diff_transformer.model.attention.shared_diff import SharedDiffAttention
 from diff_transformer.model.attention.transformer import TransformerAttention
 from diff_transformer.model.roles import LayerConstant
+from diff_transformer.model.spec import ModelSpec
 
 __all__ = ["Attention", "LayerConstant", "Projected", "PAPER_VARIANTS", "VARIANTS", "DiffAttention",
            "DiffV2Attention", "SharedDiffAttention", "TransformerAttention", "known_variant",
            "recorded_variant", "register_variant", "unregister_variant", "variant_class",
-           "variant_names"]
+           "variant_names", "make_spec", "model_section", "spec_from_config"]
 
 VARIANTS: dict[str, type[Attention]] = {
     "transformer": TransformerAttention,
@@ -81,3 +87,62 @@ def recorded_variant(name: str) -> str:
   if ":" in name or cls.__module__.startswith("diff_transformer.") or cls.__module__ == "__main__":
     return name  # built in, already a path, or not importable by another program
   return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def _option_fields() -> dict[str, tuple[dataclasses.Field, list[str]]]:
+  """Every registered variant's own keys: name -> (field, the variants that own it)."""
+  out: dict[str, tuple[dataclasses.Field, list[str]]] = {}
+  for name, cls in VARIANTS.items():
+    for f in dataclasses.fields(cls.Options):
+      if f.name in out and out[f.name][0].default != f.default:
+        raise ValueError(f"variant '{name}': option {f.name} defaults to {f.default!r}, "
+                         f"{out[f.name][1][0]}'s to {out[f.name][0].default!r}")
+      out.setdefault(f.name, (f, []))[1].append(name)
+  return out
+
+
+def model_section() -> ml_collections.ConfigDict:
+  """The config's `model` section: the keys every variant has, then each registered variant's
+  own, each with its default (optional ones typed, so a later value is accepted)."""
+  c = ml_collections.ConfigDict()
+  fields = [(f, ModelSpec) for f in ModelSpec.common_fields()]
+  fields += [(f, VARIANTS[owners[0]].Options) for f, owners in _option_fields().values()]
+  for f, owner in fields:
+    if f.default is None:  # ml_collections needs the type to accept a later value
+      hint = typing.get_type_hints(owner)[f.name]
+      kind = next(a for a in typing.get_args(hint) if a is not type(None))
+      c[f.name] = ml_collections.FieldReference(None, field_type=kind)
+    else:
+      c[f.name] = f.default
+  return c
+
+
+def make_spec(**values) -> ModelSpec:
+  """The spec of flat model.* values: the keys every variant has, and the variant's own
+  (its Options). Another variant's key is accepted only at its default (the config section
+  holds every variant's keys); a key nobody owns is refused. One line each."""
+  variant = values.get("variant", ModelSpec.variant)
+  options_type = variant_class(variant).Options
+  common = {f.name for f in ModelSpec.common_fields()}
+  own = {f.name for f in dataclasses.fields(options_type)}
+  others = _option_fields()
+  top, options = {}, {}
+  for key, value in values.items():
+    if key in common:
+      top[key] = value
+    elif key in own:
+      options[key] = value
+    elif key in others:
+      field, owners = others[key]
+      if value != field.default:
+        raise ConfigError(f"model.{key}: an option of {', '.join(owners)}, not of {variant} "
+                          f"(leave it at {field.default!r})")
+    else:
+      known = sorted(common | set(others))
+      raise ConfigError(f"model.{key}: unknown key; known keys here: {', '.join(known)}")
+  return ModelSpec(**top, options=options_type(**options))
+
+
+def spec_from_config(model: ml_collections.ConfigDict) -> ModelSpec:
+  """The spec of the config's `model` section (make_spec's rules)."""
+  return make_spec(**model.to_dict())

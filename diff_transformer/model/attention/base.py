@@ -7,13 +7,16 @@ choice, packing masks, attention maps for analysis, KV-cache decoding) lives her
 What the rest of the code asks of a variant is a class method here, overridden where the variant
 differs: its head rule (`heads_for`, `query_heads`), its config checks (`check`, raising
 ConfigError), its attention FLOPs, its KV-cache layout and its training metrics (`metrics`).
-Adding a variant is its module plus one entry in the registry (model/attention/__init__.py).
+Its own knobs are its `Options`: a frozen dataclass whose fields are `model.*` keys, with
+their defaults and their `check`; the model spec carries them as `spec.options`. Adding a
+variant is its module plus one entry in the registry (model/attention/__init__.py).
 docs/semantics.md states each variant's semantics and the tensor-name legend (x_BTD, o_BTNH).
 """
 from __future__ import annotations
 
 import dataclasses
 import math
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -42,6 +45,48 @@ class Projected:
   out_lam: Array | None = None  # lambda applied by the variant's output() instead of the kernel
 
 
+@dataclasses.dataclass(frozen=True)
+class VariantOptions:
+  """A variant's own model.* keys (none here); a subclass adds fields with their defaults."""
+
+  def check(self) -> None:
+    """Raises ConfigError (one line naming the field) for a value this variant cannot take."""
+
+
+@dataclasses.dataclass(frozen=True)
+class NormOutOptions(VariantOptions):
+  """model.norm_out_scale, the multiplier after a per-head output norm: "rule" is the variant's
+  own, a positive number (written as text, "0.2") is fixed in every layer. A variant with
+  other named rules lists them in NORM_OUT_RULES; `has_norm` says whether its norm is on."""
+  norm_out_scale: str = "rule"
+  NORM_OUT_RULES: ClassVar[tuple[str, ...]] = ("rule",)
+
+  @property
+  def fixed_norm_out_scale(self) -> float | None:
+    """model.norm_out_scale as a number, or None where it names a rule."""
+    try:
+      return float(self.norm_out_scale)
+    except ValueError:
+      return None
+
+  @property
+  def has_norm(self) -> bool:
+    raise NotImplementedError
+
+  def check(self) -> None:
+    if self.norm_out_scale == "rule":
+      return
+    fixed = self.fixed_norm_out_scale
+    if self.norm_out_scale not in self.NORM_OUT_RULES and not (
+        fixed is not None and 0 < fixed < float("inf")):
+      raise ConfigError(f"model.norm_out_scale: '{self.norm_out_scale}' is not a positive number "
+                        f"or one of {', '.join(self.NORM_OUT_RULES)} here")
+    if not self.has_norm:
+      raise ConfigError("model.norm_out_scale: scales a per-head output norm, which this model "
+                        "has none of (transformer: model.head_norm=True; diff, shared_diff: "
+                        "model.subln=True)")
+
+
 def lambda_init_value(layer_idx, constant: float | None):
   """0.8 - 0.6 exp(-0.3 l) with l counted from 0 (first layer 0.2), or the ablation's constant."""
   if constant is not None:
@@ -57,10 +102,8 @@ class Attention(nnx.Module):
   # The Hugging Face target it exports to and imports from (interop/weights.py TARGETS); None:
   # none (export and import refuse it in one line).
   hf_target: str | None = None
-  # Whether model.head_norm (a per-head RMSNorm of the attention output) applies.
-  has_head_norm = False
-  # The named rules model.norm_out_scale takes here (a positive number always applies).
-  norm_out_rules: tuple[str, ...] = ("rule",)
+  # The variant's own model.* keys, their defaults and checks (spec.options is one of these).
+  Options: type[VariantOptions] = VariantOptions
 
   def __init__(self, spec: ModelSpec, layer_idx, *, rngs: nnx.Rngs):
     del layer_idx, rngs
@@ -84,12 +127,6 @@ class Attention(nnx.Module):
   def query_heads(cls, spec: ModelSpec) -> int:
     """Query heads per kernel map; the kv heads must divide them (GQA groups)."""
     return spec.num_heads
-
-  @classmethod
-  def has_output_norm(cls, spec: ModelSpec) -> bool:
-    """Whether this spec normalises each head's output (where model.norm_out_scale applies)."""
-    del spec
-    return False
 
   @classmethod
   def check(cls, spec: ModelSpec) -> None:
@@ -175,7 +212,7 @@ class Attention(nnx.Module):
   def _norm_out_scale(self, rule) -> Array:
     """The multiplier after the per-head norm: the variant's `rule`, or model.norm_out_scale's
     fixed number."""
-    fixed = self.spec.fixed_norm_out_scale
+    fixed = self.spec.options.fixed_norm_out_scale
     return rule if fixed is None else jnp.asarray(fixed, jnp.float32)
 
   def _merge(self, o_BTNH: Array) -> Array:

@@ -9,20 +9,43 @@
 """
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from diff_transformer.errors import ConfigError
-from diff_transformer.model.attention.base import Attention, Projected, lambda_init_value
+from diff_transformer.model.attention.base import (Attention, NormOutOptions, Projected,
+                                                  lambda_init_value)
 from diff_transformer.model.layers import rms_normalize
 from diff_transformer.model.roles import Gain, Lambda, LayerConstant
 from diff_transformer.sharding import EMBED, HEADS, HEAD_DIM, KV_HEADS, NORM
 
 
+@dataclasses.dataclass(frozen=True)
+class DiffOptions(NormOutOptions):
+  """DIFF paper Table 6's ablations. norm_out_scale: "rule" is (1 - lambda_init); "layer_rule"
+  is 1 - (0.8 - 0.6 exp(-0.3 l)) even where lambda_init is a constant; or a fixed number."""
+  subln: bool = True  # per-head RMSNorm with one (2d,) gain, then * norm_out_scale
+  lambda_init: float | None = None  # None = 0.8 - 0.6 exp(-0.3 l), l counted from 0
+  lambda_std: float = 0.1
+  NORM_OUT_RULES = ("rule", "layer_rule")
+
+  @property
+  def has_norm(self) -> bool:
+    return self.subln
+
+  def check(self) -> None:
+    super().check()
+    if self.lambda_init is not None and not 0.0 <= self.lambda_init < 1.0:
+      raise ConfigError(f"model.lambda_init: must be in [0, 1) or None (layer-dependent), got "
+                        f"{self.lambda_init}")
+
+
 class DiffAttention(Attention):
   map_name = "A1 - lambda A2"
-  norm_out_rules = ("rule", "layer_rule")
+  Options = DiffOptions
   hf_target = "diff_llama"  # Shared DIFF too: its low-rank factors are materialised
 
   def __init__(self, spec, layer_idx, *, rngs: nnx.Rngs):
@@ -31,14 +54,15 @@ class DiffAttention(Attention):
     self.init_qk(rngs)
     self.wv = self._dense(D, K * 2 * d, (EMBED, KV_HEADS), rngs)
     self.wo = self._dense(h * 2 * d, D, (HEADS, EMBED), rngs)
-    lam_init = nnx.initializers.normal(spec.lambda_std)
+    o = spec.options
+    lam_init = nnx.initializers.normal(o.lambda_std)
     for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
       setattr(self, name, Lambda(lam_init(rngs.params(), (d,), jnp.float32),
                                  out_sharding=(HEAD_DIM,)))
-    self.lambda_init = LayerConstant(lambda_init_value(layer_idx, spec.lambda_init))
-    if spec.subln:
+    self.lambda_init = LayerConstant(lambda_init_value(layer_idx, o.lambda_init))
+    if o.subln:
       self.subln_scale = Gain(jnp.ones((2 * d,), jnp.float32), out_sharding=(NORM,))
-    if spec.norm_out_scale == "layer_rule":  # the default model's multiplier, whatever lambda is
+    if o.norm_out_scale == "layer_rule":  # the default model's multiplier, whatever lambda is
       self.norm_out_rule = LayerConstant(1.0 - lambda_init_value(layer_idx, None))
 
   @classmethod
@@ -57,10 +81,6 @@ class DiffAttention(Attention):
       raise ConfigError(f"model.head_dim: 2 * num_heads * head_dim = "
                         f"{2 * spec.num_heads * spec.head_dim} must equal d_model = {spec.d_model}"
                         f"{cls.heads_fix(spec)}")
-
-  @classmethod
-  def has_output_norm(cls, spec):
-    return spec.subln
 
   @classmethod
   def attention_flops(cls, spec, seq_len):
@@ -94,8 +114,8 @@ class DiffAttention(Attention):
     return Projected(q1=q1, k1=k1, v=v_BTKH, q2=q2, k2=k2, lam=self.lam())
 
   def output(self, o_BTNH, p):
-    if self.spec.subln:
-      rule = (self.norm_out_rule[...] if self.spec.norm_out_scale == "layer_rule"
+    if self.spec.options.subln:
+      rule = (self.norm_out_rule[...] if self.spec.options.norm_out_scale == "layer_rule"
               else 1.0 - self.lambda_init[...])
       o_BTNH = rms_normalize(o_BTNH, self.subln_scale[...]) * self._norm_out_scale(rule)
       o_BTNH = o_BTNH.astype(self.spec.compute_dtype)

@@ -7,19 +7,34 @@ so the kernel sees q1 = q[0::2], q2 = q[1::2] over shared keys. Ablations: `halv
 """
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from diff_transformer.errors import ConfigError
-from diff_transformer.model.attention.base import Attention, Projected
+from diff_transformer.model.attention.base import Attention, Projected, VariantOptions
 from diff_transformer.model.roles import Lambda, declare
 from diff_transformer.sharding import EMBED, HEADS, KV_HEADS, LAMBDA_HEADS
+
+
+@dataclasses.dataclass(frozen=True)
+class DiffV2Options(VariantOptions):
+  v2_pairing: str = "interleaved"  # interleaved (even/odd, shares K/V) or halves (crosses groups)
+  v2_lambda: str = "sigmoid"  # sigmoid, none (o1 - o2), linear (lambda without sigmoid)
+
+  def check(self) -> None:
+    if self.v2_pairing not in ("interleaved", "halves"):
+      raise ConfigError(f"model.v2_pairing: '{self.v2_pairing}' is not one of interleaved, halves")
+    if self.v2_lambda not in ("sigmoid", "none", "linear"):
+      raise ConfigError(f"model.v2_lambda: '{self.v2_lambda}' is not one of sigmoid, none, linear")
 
 
 class DiffV2Attention(Attention):
   map_name = "A1 - lambda A2"
   hf_target = "diff_v2"
+  Options = DiffV2Options
 
   @classmethod
   def query_heads(cls, spec):
@@ -28,12 +43,8 @@ class DiffV2Attention(Attention):
   @classmethod
   def check(cls, spec):
     super().check(spec)
-    if spec.v2_pairing not in ("interleaved", "halves"):
-      raise ConfigError(f"model.v2_pairing: '{spec.v2_pairing}' is not one of interleaved, halves")
-    if spec.v2_lambda not in ("sigmoid", "none", "linear"):
-      raise ConfigError(f"model.v2_lambda: '{spec.v2_lambda}' is not one of sigmoid, none, linear")
     group = cls.query_heads(spec) // spec.kv_heads
-    if spec.v2_pairing == "interleaved" and group % 2:
+    if spec.options.v2_pairing == "interleaved" and group % 2:
       raise ConfigError(f"model.num_kv_heads: 2h / h_kv = {group} query heads per kv group must "
                         "be even so each (2j, 2j+1) pair shares its keys (or set v2_pairing=halves)")
 
@@ -44,7 +55,7 @@ class DiffV2Attention(Attention):
 
   def metrics(self, p, weights_BT):
     """lambda's mean over the real tokens and the h heads (sigmoid(lambda) by default)."""
-    if self.spec.v2_lambda == "none":
+    if self.spec.options.v2_lambda == "none":
       return {}
     lam_BTN = p.lam if p.lam is not None else p.out_lam
     h = self.spec.num_heads
@@ -58,29 +69,29 @@ class DiffV2Attention(Attention):
     self.wk = self._dense(D, K * d, (EMBED, KV_HEADS), rngs)
     self.wv = self._dense(D, K * d, (EMBED, KV_HEADS), rngs)
     self.wo = self._dense(h * d, D, (HEADS, EMBED), rngs)
-    if spec.v2_lambda != "none":
+    if spec.options.v2_lambda != "none":
       self.wlambda = self._dense(D, h, (EMBED, LAMBDA_HEADS), rngs)
       declare(self.wlambda, "kernel", Lambda)
 
   def lam(self, x_BTD) -> jax.Array:
     """float32 [B, T, h] (or the scalar 1 for the no-lambda ablation)."""
-    if self.spec.v2_lambda == "none":
+    if self.spec.options.v2_lambda == "none":
       return jnp.ones((), jnp.float32)
     lam_BTN = self.wlambda(x_BTD).astype(jnp.float32)
-    return jax.nn.sigmoid(lam_BTN) if self.spec.v2_lambda == "sigmoid" else lam_BTN
+    return jax.nn.sigmoid(lam_BTN) if self.spec.options.v2_lambda == "sigmoid" else lam_BTN
 
   def project(self, x_BTD, positions_BT) -> Projected:
     s = self.spec
     q_BTNH = self._rope(self._heads(self.wq(x_BTD), 2 * s.num_heads), positions_BT)
     k_BTKH = self._rope(self._heads(self.wk(x_BTD), s.kv_heads), positions_BT)
     v_BTKH = self._heads(self.wv(x_BTD), s.kv_heads)
-    if s.v2_pairing == "halves":  # two maps whose kv groups differ: one plain 2h-head call
+    if s.options.v2_pairing == "halves":  # two maps whose kv groups differ: one plain 2h-head call
       return Projected(q1=q_BTNH, k1=k_BTKH, v=v_BTKH, out_lam=self.lam(x_BTD))
     return Projected(q1=q_BTNH[:, :, 0::2], k1=k_BTKH, v=v_BTKH, q2=q_BTNH[:, :, 1::2],
                      lam=self.lam(x_BTD))
 
   def output(self, o_BTNH, p):
-    if self.spec.v2_pairing == "halves":
+    if self.spec.options.v2_pairing == "halves":
       h = self.spec.num_heads
       lam_BTN1 = jnp.broadcast_to(p.out_lam, o_BTNH.shape[:2] + (h,))[..., None]
       o_BTNH = (o_BTNH[:, :, :h] - lam_BTN1 * o_BTNH[:, :, h:]).astype(o_BTNH.dtype)

@@ -11,18 +11,34 @@ scaled (the update then dominates: logits about 50x DIFF V1's at D = 64); `lora`
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from diff_transformer.errors import ConfigError
-from diff_transformer.model.attention.diff_v1 import DiffAttention
+from diff_transformer.model.attention.diff_v1 import DiffAttention, DiffOptions
 from diff_transformer.sharding import EMBED, HEADS, KV_HEADS, RANK
 
 
 LOWRANK_INITS = ("matched", "fan_in", "lora")
 
 
+@dataclasses.dataclass(frozen=True)
+class SharedDiffOptions(DiffOptions):
+  rank: int = 0  # r of the four rank-r updates (a preset sets it; the check bounds it)
+  # matched: W + U V^T at DIFF V1's init scale (default, by ablation); fan_in: both factors
+  # fan-in scaled (logits ~50x larger at init); lora: V^T zero (Q1 = Q2, K1 = K2)
+  lowrank_init: str = "matched"
+
+  def check(self) -> None:
+    super().check()
+    if self.lowrank_init not in LOWRANK_INITS:
+      raise ConfigError(f"model.lowrank_init: '{self.lowrank_init}' is not one of "
+                        f"{', '.join(LOWRANK_INITS)}")
+
+
 class SharedDiffAttention(DiffAttention):
   low_rank = True
+  Options = SharedDiffOptions
 
   @classmethod
   def check(cls, spec):
@@ -33,17 +49,14 @@ class SharedDiffAttention(DiffAttention):
                         f"{2 * spec.num_heads * spec.head_dim} must not exceed d_model = "
                         f"{spec.d_model}")
     widest = min(spec.d_model, spec.kv_heads * spec.head_dim)
-    if not 1 <= spec.rank <= widest:
+    if not 1 <= spec.options.rank <= widest:
       raise ConfigError(f"model.rank: must be in [1, {widest}] (the smallest projection side), "
-                        f"got {spec.rank}")
-    if spec.lowrank_init not in LOWRANK_INITS:
-      raise ConfigError(f"model.lowrank_init: '{spec.lowrank_init}' is not one of "
-                        f"{', '.join(LOWRANK_INITS)}")
+                        f"got {spec.options.rank}")
 
   def init_qk(self, rngs):
-    s = self.spec
-    D, r, q_width, k_width = s.d_model, s.rank, s.num_heads * s.head_dim, s.kv_heads * s.head_dim
-    matched, lora = s.lowrank_init == "matched", s.lowrank_init == "lora"
+    s, o = self.spec, self.spec.options
+    D, r, q_width, k_width = s.d_model, o.rank, s.num_heads * s.head_dim, s.kv_heads * s.head_dim
+    matched, lora = o.lowrank_init == "matched", o.lowrank_init == "lora"
     # matched: base std s/sqrt(2); factors std f with sqrt(r) f^2 = s/sqrt(2), so U V^T has
     # elementwise std s/sqrt(2) and W + U V^T has DIFF V1's s. None: fan-in scaled.
     base_std = s.init_std / math.sqrt(2) if matched else s.init_std

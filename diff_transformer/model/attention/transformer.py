@@ -1,18 +1,32 @@
 """Baseline causal softmax attention (MHA or GQA): the "Transformer" row of every table."""
 from __future__ import annotations
 
+import dataclasses
+
 import jax.numpy as jnp
 from flax import nnx
 
-from diff_transformer.model.attention.base import Attention, Projected
+from diff_transformer.model.attention.base import Attention, NormOutOptions, Projected
 from diff_transformer.model.layers import rms_normalize
 from diff_transformer.model.roles import Gain
 from diff_transformer.sharding import EMBED, HEADS, KV_HEADS, NORM
 
 
+@dataclasses.dataclass(frozen=True)
+class TransformerOptions(NormOutOptions):
+  # Per-head RMSNorm of each head's output with one (d,) gain shared by the heads, the
+  # Transformer's analog of DIFF's sub-layer norm (DIFF paper Table 6, "+ GroupNorm"); then
+  # times norm_out_scale ("rule": 1).
+  head_norm: bool = False
+
+  @property
+  def has_norm(self) -> bool:
+    return self.head_norm
+
+
 class TransformerAttention(Attention):
   hf_target = "llama"
-  has_head_norm = True  # model.head_norm applies
+  Options = TransformerOptions
 
   def __init__(self, spec, layer_idx, *, rngs: nnx.Rngs):
     super().__init__(spec, layer_idx, rngs=rngs)
@@ -21,12 +35,8 @@ class TransformerAttention(Attention):
     self.wk = self._dense(D, K * H, (EMBED, KV_HEADS), rngs)
     self.wv = self._dense(D, K * H, (EMBED, KV_HEADS), rngs)
     self.wo = self._dense(N * H, D, (HEADS, EMBED), rngs)
-    if spec.head_norm:
+    if spec.options.head_norm:
       self.head_norm_scale = Gain(jnp.ones((H,), jnp.float32), out_sharding=(NORM,))
-
-  @classmethod
-  def has_output_norm(cls, spec):
-    return spec.head_norm
 
   def project(self, x_BTD, positions_BT) -> Projected:
     s = self.spec
@@ -35,7 +45,7 @@ class TransformerAttention(Attention):
     return Projected(q1=q_BTNH, k1=k_BTKH, v=self._heads(self.wv(x_BTD), s.kv_heads))
 
   def output(self, o_BTNH, p):
-    if self.spec.head_norm:
+    if self.spec.options.head_norm:
       o_BTNH = rms_normalize(o_BTNH, self.head_norm_scale[...]) * self._norm_out_scale(1.0)
       o_BTNH = o_BTNH.astype(self.spec.compute_dtype)
     return self.wo(self._merge(o_BTNH))
