@@ -113,7 +113,11 @@ def test_study_survives_kills_in_children_and_in_evaluation_and_names_a_failed_c
   assert data["missing"] == ["diff_v2-s0", "diff_v2-s1"]
 
 
+@pytest.mark.long
 def test_sweep_survives_sigterm_and_sigkill_in_a_child(tmp_path):
+  """sweep.py's side of the faults above: its children start and stop through the same
+  launch.run as the study's (covered on every run above), and its resume without redoing a
+  finished point is tests/test_sweep_resume.py's."""
   file = tmp_path / "faults_sweep.py"
   file.write_text(SWEEP_FILE)
   root = tmp_path / "root"
