@@ -43,6 +43,11 @@ class ModelSpec:
   # filled in by `spec_from_config` / `make_spec` there.
   options: Any = None
 
+  def __post_init__(self):
+    if self.options is None:  # a variant's module reads spec.options
+      raise TypeError("ModelSpec: options missing; build specs with make_spec or "
+                      "spec_from_config (model/attention/__init__.py)")
+
   @classmethod
   def common_fields(cls) -> tuple[dataclasses.Field, ...]:
     """The model.* keys every variant has (the variants' own are their Options)."""
