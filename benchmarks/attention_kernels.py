@@ -1,6 +1,8 @@
 """Time and memory of the attention kernels: reference / xla / pallas, per variant and length.
 
-CPU part (this machine): forward wall time (median of `--repeats` runs after a warm-up) and the
+Each variant's kernel inputs come from its own projection (bench_common.random_kernel_inputs).
+CPU part (this machine): forward wall time (median of `--repeats` interleaved rounds after a
+warm-up: the paths of one cell alternate) and the
 compiled temp-buffer size (XLA memory_analysis) of forward and forward+backward. Pallas on CPU
 runs in INTERPRET mode (a loop over grid steps): its times say nothing about TPU/GPU speed.
 Lengths are capped per path (`--max-dense`, `--max-pallas-cpu`); skipped cells are recorded.
@@ -34,22 +36,24 @@ from diff_transformer.aot import topology_devices  # noqa: E402
 from diff_transformer.errors import first_line  # noqa: E402
 from diff_transformer.kernels import reference, xla  # noqa: E402
 from diff_transformer.kernels.pallas import attention as pallas_attention  # noqa: E402
+from diff_transformer.model.attention import make_spec  # noqa: E402
 
-VARIANTS = ("v1", "v2", "base")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_common import interleaved_times, random_kernel_inputs, temp_bytes  # noqa: E402
+
+# Shared DIFF's kernel inputs are DIFF V1's, so its rows would repeat them.
+VARIANTS = ("transformer", "diff", "diff_v2")
 MIB = 2**20
 
 
-def inputs(variant: str, T: int, *, B=1, N=4, K=2, d=64, dtype=jnp.float32, key=0):
-  ks = jax.random.split(jax.random.key(key), 5)
-  rnd = lambda k, *s: jax.random.normal(k, s, dtype)
-  dim_v = 2 * d if variant == "v1" else d
-  args = [rnd(ks[0], B, T, N, d), rnd(ks[1], B, T, K, d), rnd(ks[2], B, T, K, dim_v), None, None,
-          None]
-  if variant == "v1":
-    args[3:] = [rnd(ks[3], B, T, N, d), rnd(ks[4], B, T, K, d), jnp.float32(0.5)]
-  elif variant == "v2":
-    args[3], args[5] = rnd(ks[3], B, T, N, d), jnp.full((B, T, N), 0.5, jnp.float32)
-  return args
+def kernel_spec(variant: str, *, heads: int = 4, kv_heads: int = 2, d: int = 64,
+                dtype: str = "float32"):
+  """A one-layer spec whose kernel call has `heads` query heads (DIFF V1: differential heads,
+  each two maps; DIFF V2: output heads, 2x as many query heads in pairs) of width d over
+  `kv_heads` kv heads; DIFF V1's values are 2d wide."""
+  width = {"transformer": heads * d, "diff": 2 * heads * d, "diff_v2": heads * d}[variant]
+  return make_spec(variant=variant, d_model=width, num_layers=1, num_heads=heads,
+                   num_kv_heads=kv_heads, head_dim=d, ffn_dim=width, dtype=dtype)
 
 
 def split_fns(fn, args):
@@ -69,31 +73,31 @@ def split_fns(fn, args):
 
 def temp_mib(fn, xs, platforms=None) -> float:
   lowered = jax.jit(fn).trace(*xs).lower(**({"lowering_platforms": platforms} if platforms else {}))
-  return lowered.compile().memory_analysis().temp_size_in_bytes / MIB
+  return temp_bytes(lowered.compile()) / MIB
 
 
 def cpu_rows(lengths, caps: dict, repeats: int) -> list[dict]:
+  """Per (variant, T): every path that fits its cap, timed interleaved (median of `repeats`)."""
   paths = {"reference": reference.attention, "xla": xla.attention,
            "pallas": lambda *a, **k: pallas_attention(*a, **k)}  # CPU default: interpret mode
   rows = []
   for variant in VARIANTS:
     for T in lengths:
-      args = inputs(variant, T)
+      args = random_kernel_inputs(kernel_spec(variant), T)
+      cells, calls = {}, {}
       for path, fn in paths.items():
-        row = dict(variant=variant, T=T, path=path, mode="interpret" if path == "pallas" else "xla")
+        row = cells[path] = dict(variant=variant, T=T, path=path,
+                                 mode="interpret" if path == "pallas" else "xla")
         if T > caps[path]:
           row["skipped"] = f"T > cap {caps[path]} for this path on CPU"
-        else:
-          fwd, bwd, xs = split_fns(fn, args)
-          jitted = jax.jit(fwd)
-          jax.block_until_ready(jitted(*xs))
-          times = []
-          for _ in range(repeats):
-            start = time.perf_counter()
-            jax.block_until_ready(jitted(*xs))
-            times.append(time.perf_counter() - start)
-          row.update(fwd_ms=1e3 * float(np.median(times)), fwd_temp_mib=temp_mib(fwd, xs),
-                     fwd_bwd_temp_mib=temp_mib(bwd, xs))
+          continue
+        fwd, bwd, xs = split_fns(fn, args)
+        jitted = jax.jit(fwd)
+        calls[path] = lambda jitted=jitted, xs=xs: jitted(*xs)
+        row.update(fwd_temp_mib=temp_mib(fwd, xs), fwd_bwd_temp_mib=temp_mib(bwd, xs))
+      for path, times in interleaved_times(calls, rounds=repeats).items():
+        cells[path]["fwd_ms"] = 1e3 * float(np.median(times))
+      for row in cells.values():
         rows.append(row)
         print(json.dumps(row), flush=True)
   return rows
@@ -109,8 +113,8 @@ def tpu_rows(lengths) -> list[dict]:
     for T in lengths:
       shaped = lambda a: None if a is None else jax.ShapeDtypeStruct(
           a.shape, a.dtype, sharding=NamedSharding(mesh, P()))
-      args = [shaped(a) for a in jax.eval_shape(
-          lambda: inputs(variant, T, N=8, K=2, d=128, dtype=jnp.bfloat16))]
+      spec = kernel_spec(variant, heads=8, kv_heads=2, d=128, dtype="bfloat16")
+      args = [shaped(a) for a in jax.eval_shape(lambda: random_kernel_inputs(spec, T))]
       for path, fn in paths.items():
         row = dict(variant=variant, T=T, path=path, device="TPU v5e (1 chip, AOT)",
                    shape="B1 N8 K2 d128 bf16")
@@ -170,7 +174,9 @@ def main() -> None:
     tpu = tpu_rows([int(t) for t in opts.tpu_lengths.split(",")])
   else:
     print("TPU AOT part skipped: libtpu not installed")
-  result = {"jax": jax.__version__, "cpu_shape": "B1 N4 K2 d64 float32 causal (V1 values 2d)",
+  result = {"jax": jax.__version__,
+            "cpu_shape": "B1, 4 heads over 2 kv heads of d64, float32, causal (DIFF V1: 4 "
+                         "differential heads, values 2d; DIFF V2: 8 query heads in pairs)",
             "cpu_devices": str(jax.devices()), "caps": caps, "cpu": cpu, "tpu_aot": tpu,
             "seconds": round(time.time() - start, 1),
             "notes": "pallas on CPU = Pallas interpret mode; temp = compiled temp buffers "

@@ -1,9 +1,12 @@
-"""What the benchmarks share: synthetic token batches and the configs they build."""
+"""What the benchmarks share: synthetic token batches, the configs they build, each variant's
+kernel inputs, and one way to time calls (interleaved) and read a program's compiled memory."""
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
+import jax
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -11,6 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from configs.scaling import get_config  # noqa: E402
 from diff_transformer.config import base_config, validate  # noqa: E402
 from diff_transformer.params import heads_for  # noqa: E402
+from diff_transformer.training.metrics import kernel_inputs  # noqa: E402
 
 PAPER_SIZE = "830m"
 
@@ -55,3 +59,39 @@ def paper_config(variant: str, *, seq_len: int, batch: int, layers: int, kernel:
   m.num_layers, m.kernel, m.dtype, m.max_seq_len = layers or m.num_layers, kernel, dtype, seq_len
   c.data.seq_len, c.train.global_batch_size = seq_len, batch
   return validate(c)
+
+
+def interleaved_times(calls: dict, rounds: int, inner: int = 1, deadline=None) -> dict:
+  """{key: [seconds per call, one per round]}: each call warmed once, then A B C, A B C, ...
+  so a change in the device's state hits every call alike. `deadline` (with .left()) ends the
+  rounds early once every call has one."""
+  for call in calls.values():
+    jax.block_until_ready(call())
+  times = {k: [] for k in calls}
+  for _ in range(rounds):
+    if deadline is not None and deadline.left() < 0 and all(times.values()):
+      break
+    for k, call in calls.items():
+      start = time.perf_counter()
+      for _ in range(inner):
+        out = call()
+      jax.block_until_ready(out)
+      times[k].append((time.perf_counter() - start) / inner)
+  return times
+
+
+def temp_bytes(compiled) -> int | None:
+  try:
+    return int(compiled.memory_analysis().temp_size_in_bytes)
+  except Exception:  # not every backend reports it
+    return None
+
+
+def random_kernel_inputs(spec, seq_len: int, batch: int = 1, seed: int = 0) -> list:
+  """[q1, k1, v, q2, k2, lam] as the kernels take them, traced from the variant's own projection
+  (kernel_inputs) and filled with standard normals (None where the variant has none)."""
+  p = kernel_inputs(spec, seq_len, batch)
+  fields = [p.q1, p.k1, p.v, p.q2, p.k2, p.lam]
+  keys = jax.random.split(jax.random.key(seed), len(fields))
+  return [None if f is None else jax.random.normal(k, f.shape, f.dtype)
+          for f, k in zip(fields, keys)]

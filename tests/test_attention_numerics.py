@@ -160,7 +160,8 @@ def test_kernels_match_float64_on_fresh_inputs(kernel, case):
 @pytest.mark.parametrize("case", ["v1", "v1_mha", "v2", "v2_mqa", "base"])
 def test_kernel_gradients_match_float64(path, case):
   """Forward and every input's gradient against the float64 softmax-Jacobian reference."""
-  from tests.helpers.kernels import ARG_NAMES, make_inputs, np_attention  # only this test
+  from tests.helpers.kernels import (ARG_NAMES, make_inputs, np_attention,  # only this test
+                                     scalar_lam_terms)
   variant, kv = {"v1": ("v1", 2), "v1_mha": ("v1", 4), "v2": ("v2", 2), "v2_mqa": ("v2", 1),
                  "base": ("base", 2)}[case]
   args, seg_ids, do = make_inputs(variant, B=2, T=23, N=4, K=kv, d=8, seed=seed_of(path, case),
@@ -179,13 +180,10 @@ def test_kernel_gradients_match_float64(path, case):
   ref_out, ref_grads = np_attention(args, do, causal=True, seg=seg_ids)
   errors = {"out": rel_err(out, ref_out)}
   errors.update({n: rel_err(g, ref_grads[n]) for n, g in zip(names, grads)})
-  if "lam" in names and np.ndim(args["lam"]) == 0:
-    # A scalar lambda's gradient, -sum(o2 * do) over every token and head, cancels to a small
-    # fraction of its terms: its float32 rounding is measured against the terms' absolute sum.
-    o2 = (np_attention(dict(args, lam=np.float32(0)), do, causal=True, seg=seg_ids)[0]
-          - np_attention(dict(args, lam=np.float32(1)), do, causal=True, seg=seg_ids)[0])
+  if "lam" in names and np.ndim(args["lam"]) == 0:  # measured against its terms' sum
     lam_grad = grads[names.index("lam")]
-    errors["lam"] = float(abs(lam_grad - ref_grads["lam"]) / np.abs(o2 * do).sum())
+    errors["lam"] = float(abs(lam_grad - ref_grads["lam"])
+                          / scalar_lam_terms(args, do, causal=True, seg=seg_ids))
   assert max(errors.values()) < 1e-5, errors
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+from pathlib import Path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -18,6 +19,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 from configs import scaling  # noqa: E402
 from diff_transformer import params  # noqa: E402
 from diff_transformer.model.attention import spec_from_config  # noqa: E402
+from diff_transformer.paths import write_atomic  # noqa: E402
 
 PAGES = ("docs/configs.md", "docs/evaluation.md", "docs/sweeps.md", "docs/kernels.md",
          "docs/performance.md")
@@ -65,9 +67,9 @@ def kernel_tables() -> str:
            "forward+backward:", "", "| variant | T | xla | pallas |", "|---|---|---|---|"]
   tpu = {}
   for r in d["tpu_aot"]:
-    val = (f"{r['fwd_temp_mib']:.0f} / {r['fwd_bwd_temp_mib']:.0f}" if "fwd_temp_mib" in r
-           else "out of memory")
-    tpu[(r["variant"], r["T"], r["path"])] = val
+    one = lambda name: (f"{r[f'{name}_temp_mib']:.0f}" if f"{name}_temp_mib" in r
+                        else "out of memory")
+    tpu[(r["variant"], r["T"], r["path"])] = f"{one('fwd')} / {one('fwd_bwd')}"
   for variant, T in sorted({(v, t) for v, t, _ in tpu}):
     rows.append(f"| {variant} | {T} | {tpu.get((variant, T, 'xla'), '-')} | "
                 f"{tpu.get((variant, T, 'pallas'), '-')} |")
@@ -150,10 +152,10 @@ def render(text: str, page: str = "README.md") -> str:
 
 
 if __name__ == "__main__":
-  for page in PAGES:
-    path = os.path.join(ROOT, page)
-    with open(path) as f:
-      text = f.read()
-    with open(path, "w") as f:
-      f.write(render(text, page))
+  rendered = {}
+  for page in PAGES:  # every page rendered before any is written: a failing block loses none
+    with open(os.path.join(ROOT, page)) as f:
+      rendered[page] = render(f.read(), page)
+  for page, text in rendered.items():
+    write_atomic(Path(ROOT) / page, text)
   print("blocks regenerated in", ", ".join(PAGES))

@@ -104,32 +104,6 @@ def compile_all(lowered: dict, workers: int) -> dict:
     return dict(zip(lowered, pool.map(one, lowered.values())))
 
 
-def interleaved_times(calls: dict, rounds: int, inner: int, deadline: Deadline | None = None
-                      ) -> dict:
-  """{key: [seconds per call, one per round]}: each call warmed once, then A B C, A B C, ...
-  so a change in the device's state hits every call alike."""
-  for call in calls.values():
-    jax.block_until_ready(call())
-  times = {k: [] for k in calls}
-  for _ in range(rounds):
-    if deadline is not None and deadline.left() < 0 and all(times.values()):
-      break
-    for k, call in calls.items():
-      start = time.perf_counter()
-      for _ in range(inner):
-        out = call()
-      jax.block_until_ready(out)
-      times[k].append((time.perf_counter() - start) / inner)
-  return times
-
-
-def temp_bytes(compiled) -> int | None:
-  try:
-    return int(compiled.memory_analysis().temp_size_in_bytes)
-  except Exception:  # not every backend reports it
-    return None
-
-
 def versions() -> dict:
   out = {"python": sys.version.split()[0]}
   for name in PACKAGES:

@@ -24,7 +24,8 @@ from diff_transformer.kernels.pallas import attention as pallas_attention
 from diff_transformer.model.attention import PAPER_VARIANTS, spec_from_config
 from diff_transformer.model.spec import ModelSpec
 from diff_transformer.training.metrics import kernel_inputs
-from tests.helpers.kernels import ARG_NAMES, exact_cpu_attention, np_attention
+from tests.helpers.kernels import (ARG_NAMES, exact_cpu_attention, np_attention,
+                                   scalar_lam_terms)
 
 # Worst relative error that passes: float32 matmuls may run as TF32 on the GPU (XLA's and
 # Triton's default), bfloat16 rounds inputs and outputs to 8 bits of mantissa.
@@ -91,13 +92,25 @@ def host_inputs(p, rng, packed: bool):
   return args, seg, do
 
 
-def errors(got: dict, want: dict) -> dict:
-  """Per output: relative Frobenius error, max elementwise error over max |reference|, finite."""
+def oracle(args: dict, do: np.ndarray, seg) -> tuple:
+  """(out, grads, the scale of a scalar lambda's gradient error or None), all float64."""
+  out, grads = np_attention(args, do, causal=True, seg=seg)
+  lam = args.get("lam")
+  scalar = lam is not None and np.ndim(lam) == 0
+  return out, grads, scalar_lam_terms(args, do, causal=True, seg=seg) if scalar else None
+
+
+def errors(got: dict, want: dict, lam_scale: float | None = None) -> dict:
+  """Per output: relative Frobenius error, max elementwise error over max |reference|, finite.
+  A scalar lambda's gradient cancels to a small fraction of its terms, so its error is taken
+  over `lam_scale`, their absolute sum."""
   out = {}
   for name, w in want.items():
     g = np.asarray(jnp.asarray(got[name], jnp.float32), np.float64)
     w = np.asarray(w, np.float64)
     scale, peak = max(np.linalg.norm(w), 1e-30), max(np.abs(w).max(), 1e-30)
+    if name == "lam" and lam_scale is not None:
+      scale = peak = max(lam_scale, 1e-30)
     out[name] = dict(rel=float(np.linalg.norm(g - w) / scale),
                      elem=float(np.abs(g - w).max() / peak), finite=bool(np.isfinite(g).all()))
   return out
@@ -146,7 +159,7 @@ def stage_correctness(out: Path, cpu: bool, seconds: float) -> None:
         host = host_inputs(p, rng, packed)
         args, seg, do = host
         groups.append(dict(variant=variant, layout=layout, T=T, packed=packed, host=host,
-                           oracle=oracle_pool.submit(np_attention, args, do, causal=True, seg=seg)))
+                           oracle=oracle_pool.submit(oracle, args, do, seg)))
     for g in groups:
       cell0 = dict(variant=g["variant"], layout=g["layout"], T=g["T"], packed=g["packed"])
       if deadline.left() < 0:
@@ -166,7 +179,7 @@ def stage_correctness(out: Path, cpu: bool, seconds: float) -> None:
           programs.append((dtype, path, key, names))
       compiled.update(compile_all(lowered, 16))
       args, seg, do = g["host"]
-      want_out, want_grads = g["oracle"].result()
+      want_out, want_grads, lam_scale = g["oracle"].result()
       want = {"out": want_out, **want_grads}
       for dtype, path, key, names in programs:
         cell = dict(cell0, dtype=dtype, path=path,
@@ -180,7 +193,7 @@ def stage_correctness(out: Path, cpu: bool, seconds: float) -> None:
           got_out, got_grads = program([cast(n) for n in names], jnp.asarray(do, dtype),
                                        None if seg is None else jnp.asarray(seg))
           errs = errors({"out": got_out, **dict(zip(names, got_grads))},
-                        {k: want[k] for k in ["out", *names]})
+                        {k: want[k] for k in ["out", *names]}, lam_scale)
         except Exception as e:  # recorded per cell
           rec.add(dict(cell, ok=False, error=error_text(e)))
           continue

@@ -10,9 +10,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bench_common import paper_config, small_config, spread
+from bench_common import interleaved_times, paper_config, small_config, spread, temp_bytes
 from benchmarks.gpu_check.common import (OPTIONS, Deadline, Record, compile_all, error_text,
-                                         interleaved_times, lengths_or, lower_or_error, temp_bytes)
+                                         lengths_or, lower_or_error)
 from benchmarks.gpu_check.correctness import fwd_bwd, out_struct, paths, signature
 from diff_transformer.kernels import executed_flops
 from diff_transformer.model.attention import PAPER_VARIANTS, spec_from_config, variant_class
