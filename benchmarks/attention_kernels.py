@@ -36,24 +36,14 @@ from diff_transformer.aot import topology_devices  # noqa: E402
 from diff_transformer.errors import first_line  # noqa: E402
 from diff_transformer.kernels import reference, xla  # noqa: E402
 from diff_transformer.kernels.pallas import attention as pallas_attention  # noqa: E402
-from diff_transformer.model.attention import make_spec  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import interleaved_times, random_kernel_inputs, temp_bytes  # noqa: E402
+from bench_common import (interleaved_times, kernel_spec, random_kernel_inputs,  # noqa: E402
+                          temp_bytes)
 
 # Shared DIFF's kernel inputs are DIFF V1's, so its rows would repeat them.
 VARIANTS = ("transformer", "diff", "diff_v2")
 MIB = 2**20
-
-
-def kernel_spec(variant: str, *, heads: int = 4, kv_heads: int = 2, d: int = 64,
-                dtype: str = "float32"):
-  """A one-layer spec whose kernel call has `heads` query heads (DIFF V1: differential heads,
-  each two maps; DIFF V2: output heads, 2x as many query heads in pairs) of width d over
-  `kv_heads` kv heads; DIFF V1's values are 2d wide."""
-  width = {"transformer": heads * d, "diff": 2 * heads * d, "diff_v2": heads * d}[variant]
-  return make_spec(variant=variant, d_model=width, num_layers=1, num_heads=heads,
-                   num_kv_heads=kv_heads, head_dim=d, ffn_dim=width, dtype=dtype)
 
 
 def split_fns(fn, args):

@@ -13,6 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from configs.scaling import get_config  # noqa: E402
 from diff_transformer.config import base_config, validate  # noqa: E402
+from diff_transformer.model.attention import make_spec  # noqa: E402
 from diff_transformer.params import heads_for  # noqa: E402
 from diff_transformer.training.metrics import kernel_inputs  # noqa: E402
 
@@ -85,6 +86,16 @@ def temp_bytes(compiled) -> int | None:
     return int(compiled.memory_analysis().temp_size_in_bytes)
   except Exception:  # not every backend reports it
     return None
+
+
+def kernel_spec(variant: str, *, heads: int = 4, kv_heads: int = 2, d: int = 64,
+                dtype: str = "float32"):
+  """A one-layer spec whose kernel call has `heads` query heads (DIFF V1: differential heads,
+  each two maps; DIFF V2: output heads, 2x as many query heads in pairs) of width d over
+  `kv_heads` kv heads; DIFF V1's values are 2d wide."""
+  width = {"transformer": heads * d, "diff": 2 * heads * d, "diff_v2": heads * d}[variant]
+  return make_spec(variant=variant, d_model=width, num_layers=1, num_heads=heads,
+                   num_kv_heads=kv_heads, head_dim=d, ffn_dim=width, dtype=dtype)
 
 
 def random_kernel_inputs(spec, seq_len: int, batch: int = 1, seed: int = 0) -> list:

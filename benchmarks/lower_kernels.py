@@ -1,4 +1,5 @@
-"""Lower the fused differential Pallas kernels (forward and backward) without accelerators.
+"""Lower the fused differential Pallas kernels (forward and backward) without accelerators,
+each variant's kernel call shaped by its own projection (training/metrics.kernel_inputs).
 
 - TPU (Mosaic): jit(...).trace(ShapeDtypeStructs).lower(lowering_platforms=("tpu",)) under an
   abstract mesh whose device kind is "TPU v5 lite" (Mosaic needs a TPU generation).
@@ -32,22 +33,29 @@ from jax.sharding import AbstractDevice, AbstractMesh, NamedSharding, PartitionS
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from diff_transformer.aot import topology_devices  # noqa: E402
 from diff_transformer.kernels.pallas import attention, sharded_attention  # noqa: E402
+from diff_transformer.training.metrics import kernel_inputs  # noqa: E402
 
-VARIANTS = ("v1", "v2", "base")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_common import kernel_spec  # noqa: E402
+
+# Shared DIFF's kernel inputs are DIFF V1's.
+VARIANTS = ("transformer", "diff", "diff_v2")
 
 
 def shapes(variant: str, B: int, T: int, N: int, K: int, d: int, sharding=None, lam_sharding=None):
-  """ShapeDtypeStructs (bf16 activations) for q1, k1, v, q2, k2, lam and segment ids."""
-  sd = lambda shape, dtype=jnp.bfloat16, sh=sharding: jax.ShapeDtypeStruct(shape, dtype, sharding=sh)
-  q, k = sd((B, T, N, d)), sd((B, T, K, d))
-  seg = sd((B, T), jnp.int32, None if sharding is None else
-           NamedSharding(sharding.mesh, P(sharding.spec[0], None)))
-  if variant == "v1":
-    return (q, k, sd((B, T, K, 2 * d)), q, k, sd((), jnp.float32, lam_sharding)), seg
-  if variant == "v2":
-    lam_sh = None if sharding is None else NamedSharding(sharding.mesh, P(sharding.spec[0], None, sharding.spec[2]))
-    return (q, k, sd((B, T, K, d)), q, None, sd((B, T, N), jnp.float32, lam_sh)), seg
-  return (q, k, sd((B, T, K, d)), None, None, None), seg
+  """ShapeDtypeStructs (bf16 activations) of the variant's own kernel call (q1, k1, v, q2, k2,
+  lam; bench_common.kernel_spec's heads) and of segment ids; activations take `sharding`, a
+  scalar lambda `lam_sharding`, a per-token lambda the activations' batch and head axes."""
+  p = kernel_inputs(kernel_spec(variant, heads=N, kv_heads=K, d=d, dtype="bfloat16"), T, B)
+  def place(s, sh):
+    return None if s is None else jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh)
+  lam_sh = lam_sharding
+  if sharding is not None and p.lam is not None and p.lam.ndim == 3:
+    lam_sh = NamedSharding(sharding.mesh, P(sharding.spec[0], None, sharding.spec[2]))
+  seg = jax.ShapeDtypeStruct((B, T), jnp.int32, sharding=None if sharding is None else
+                             NamedSharding(sharding.mesh, P(sharding.spec[0], None)))
+  acts = [place(getattr(p, n), sharding) for n in ("q1", "k1", "v", "q2", "k2")]
+  return (*acts, place(p.lam, lam_sh)), seg
 
 
 def fwd_and_bwd(fn):
@@ -96,7 +104,7 @@ def lower_all(T: int = 1024) -> list[dict]:
 
         row = _attempt(dict(platform=platform, variant=variant, pass_=name, T=T), lower)
         rows.append(row)
-        print(f"lower {platform:4s} {variant:4s} {name}: {'ok' if row['ok'] else 'FAILED'} "
+        print(f"lower {platform:4s} {variant:11s} {name}: {'ok' if row['ok'] else 'FAILED'} "
               f"({row.get('kernels', 0)} kernels, {row['seconds']} s) {row.get('error', '')}")
   return rows
 
@@ -143,7 +151,7 @@ def aot_all(T: int = 2048, topology: str = "v5e:2x2") -> list[dict]:
       row = _attempt(dict(topology=topology, variant=variant, pass_=name, T=T,
                           shape="B2 N8 K2 d128 bf16, mesh data2 x model2"), compile_)
       rows.append(row)
-      print(f"aot {topology} {variant:4s} {name}: {'ok' if row['ok'] else 'FAILED'} "
+      print(f"aot {topology} {variant:11s} {name}: {'ok' if row['ok'] else 'FAILED'} "
             f"{row.get('memory', row.get('error'))}")
   return rows
 
