@@ -62,14 +62,15 @@ def paper_config(variant: str, *, seq_len: int, batch: int, layers: int, kernel:
   return validate(c)
 
 
-def interleaved_times(calls: dict, rounds: int, inner: int = 1, deadline=None) -> dict:
+def interleaved_times(calls: dict, rounds: int, inner: int = 1, deadline=None,
+                      after_round=None) -> dict:
   """{key: [seconds per call, one per round]}: each call warmed once, then A B C, A B C, ...
   so a change in the device's state hits every call alike. `deadline` (with .left()) ends the
-  rounds early once every call has one."""
+  rounds early once every call has one; `after_round(r)` runs between rounds, untimed."""
   for call in calls.values():
     jax.block_until_ready(call())
   times = {k: [] for k in calls}
-  for _ in range(rounds):
+  for r in range(rounds):
     if deadline is not None and deadline.left() < 0 and all(times.values()):
       break
     for k, call in calls.items():
@@ -78,7 +79,22 @@ def interleaved_times(calls: dict, rounds: int, inner: int = 1, deadline=None) -
         out = call()
       jax.block_until_ready(out)
       times[k].append((time.perf_counter() - start) / inner)
+    if after_round is not None:
+      after_round(r)
   return times
+
+
+class Stepper:
+  """A train step as one of interleaved_times' calls: each call steps `states[key]` on `batch`
+  and puts the new state back (steps that donate their state thread it through; calls that share
+  a key share one state); `metrics` holds the last step's."""
+
+  def __init__(self, step, batch, states: dict, key):
+    self.step, self.batch, self.states, self.key, self.metrics = step, batch, states, key, None
+
+  def __call__(self):
+    self.states[self.key], self.metrics = self.step(self.states[self.key], self.batch)
+    return self.metrics
 
 
 def temp_bytes(compiled) -> int | None:

@@ -72,7 +72,7 @@ def measure(config, sizes: list[int], steps: int, rounds: int) -> list[dict]:
   for size in sizes:
     population = Population(trainer, list(range(size)), [1.0] * size)
     stacked = {k: np.stack([v] * size) for k, v in batch.items()}
-    first, times = _timed(population.train_step, population.init(), stacked, steps, rounds)
+    first, times = _timed(population.members_step, population.init(), stacked, steps, rounds)
     rate = spread([size / t for t in times])
     rows.append(dict(members=size, program="population", compile_and_first_step_s=first,
                      member_steps_per_s=rate,

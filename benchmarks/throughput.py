@@ -49,7 +49,7 @@ from diff_transformer.training.peak import peak_tflops_per_device  # noqa: E402
 from diff_transformer.training.step import Trainer  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from bench_common import spread, synthetic_batch  # noqa: E402
+from bench_common import Stepper, interleaved_times, spread, synthetic_batch  # noqa: E402
 
 OUT_JSON = ROOT / "benchmarks" / "results" / "throughput.json"
 OUT_PLOT = ROOT / "docs" / "results" / "throughput" / "ratio.png"
@@ -85,36 +85,27 @@ class Bench:
     self.executed_flops = executed * self.tokens
     self.params = params_lib.count(spec)["params"]
 
-  def time_train(self, steps: int) -> float:
-    start = time.perf_counter()
-    for _ in range(steps):
-      self.state, metrics = self.trainer.train_step(self.state, self.batch)
-    jax.block_until_ready(metrics)
-    return (time.perf_counter() - start) / steps
-
-  def time_forward(self, steps: int) -> float:
-    start = time.perf_counter()
-    for _ in range(steps):
-      out = self.trainer.eval_step(self.state, self.batch)
-    jax.block_until_ready(out)
-    return (time.perf_counter() - start) / steps
-
 
 def measure_length(args, seq_len: int, peak_flops: float) -> list[dict]:
   benches = {}
   for variant in args.variants:
     benches[variant] = Bench(config_for(variant, args, seq_len), args, seq_len)
     print(f"  compiled {variant} at T={seq_len} ({benches[variant].compile_s:.0f} s)", flush=True)
-  train_s = {v: [] for v in benches}
-  forward_s = {v: [] for v in benches}
+  states = {v: b.state for v, b in benches.items()}
+  calls = {("train", v): Stepper(b.trainer.train_step, b.batch, states, v)
+           for v, b in benches.items()}
+  calls |= {("forward", v): (lambda v=v, b=b: b.trainer.eval_step(states[v], b.batch))
+            for v, b in benches.items()}
   loads = []
-  for r in range(args.rounds):
-    for variant, bench in benches.items():  # interleaved: A B C D, A B C D, ...
-      train_s[variant].append(bench.time_train(args.steps))
-    for variant, bench in benches.items():
-      forward_s[variant].append(bench.time_forward(args.steps))
+
+  def after_round(r: int) -> None:
     loads.append(os.getloadavg()[0])
     print(f"  T={seq_len} round {r + 1}/{args.rounds} (load {loads[-1]:.1f})", flush=True)
+
+  # interleaved: every variant's train steps, then their forward steps, round after round
+  times = interleaved_times(calls, args.rounds, inner=args.steps, after_round=after_round)
+  train_s = {v: times[("train", v)] for v in benches}
+  forward_s = {v: times[("forward", v)] for v in benches}
   base = "transformer"
   rows = []
   for variant, b in benches.items():

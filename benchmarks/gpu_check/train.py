@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bench_common import spread, synthetic_batch
+from bench_common import Stepper, interleaved_times, spread, synthetic_batch
 from benchmarks.gpu_check.common import (OPTIONS, Deadline, Record, compile_all, error_text,
                                          lengths_or, model_config)
 from diff_transformer.mesh import global_batch, make_mesh
@@ -116,18 +116,9 @@ def stage_train_orbax(out: Path, cpu: bool, seconds: float) -> None:
 def _time_group(ready: dict, compiled: dict, states: dict, rounds: int, steps: int,
                 peak_flops: float) -> None:
   """Interleaved rounds over the group's variants; state threads through (donated)."""
-  times = {i: [] for i in ready}
-  losses = {}
-  for i, r in ready.items():  # warm-up step
-    states[r["variant"]], m = compiled[i](states[r["variant"]], r["data"])
-    jax.block_until_ready(m)
-  for _ in range(rounds):
-    for i, r in ready.items():
-      start = time.perf_counter()
-      for _ in range(steps):
-        states[r["variant"]], m = compiled[i](states[r["variant"]], r["data"])
-      losses[i] = float(m["loss"])  # waits for the last step
-      times[i].append((time.perf_counter() - start) / steps)
+  calls = {i: Stepper(compiled[i], r["data"], states, r["variant"]) for i, r in ready.items()}
+  times = interleaved_times(calls, rounds, inner=steps)
+  losses = {i: float(call.metrics["loss"]) for i, call in calls.items()}
   base = next((i for i, r in ready.items() if r["variant"] == "transformer"), None)
   for i, r in ready.items():
     step_s = float(np.median(times[i]))
