@@ -138,7 +138,8 @@ def test_sweep_survives_sigterm_and_sigkill_in_a_child(tmp_path):
 
 def test_a_second_driver_on_a_root_is_refused_up_front(tmp_path):
   """Two identical studies on one root: the second ends in one line naming the first before it
-  trains anything; the first finishes normally."""
+  trains anything; the first is untouched and stops as any driver does (SIGTERM: saved, exit 2;
+  the study-fault test above finishes such a study)."""
   file = tmp_path / "tiny_study.py"
   file.write_text(TINY_STUDY.replace("quick_lr_grid=(1e-3, 3e-3),", ""))  # one child, no grid
   root = tmp_path / "root"
@@ -149,9 +150,10 @@ def test_a_second_driver_on_a_root_is_refused_up_front(tmp_path):
   out, err = second.communicate(timeout=DEADLINE_S)
   assert second.returncode == 2 and len(err.strip().splitlines()) == 1, err[-2000:]
   assert f"--root {root}: another study.py holds it (pid {first.pid}" in err
-  out, err = first.communicate(timeout=DEADLINE_S)
-  assert first.returncode == 0, err[-2000:]
-  assert json.loads((root / "study.json").read_text())["study"]["invocations"][0]["trained"] > 0
+  assert first.poll() is None and lock_held(root, "driver.lock")  # the first goes on
+  stopped = interrupt(first, signal.SIGTERM, root / "transformer-s0")
+  assert stopped.returncode == 2, stopped.stderr[-2000:]
+  assert stopped.stderr.strip().splitlines()[-1].startswith("error: stopped by SIGTERM")
 
 
 def test_a_run_finished_before_the_call_is_recorded_before_any_child_starts(tmp_path, monkeypatch):
