@@ -333,7 +333,8 @@ def test_dataset_config_errors(corpus_dir, tmp_path):
   unprepared = base_config().data
   unprepared.update(dict(cache_dir=str(tmp_path / "cache"), tokenizer="byte"))
   with pytest.raises(DataError, match=r"^data.name: the built-in corpus is not prepared in .*"
-                     r"run `python prepare_data.py --shakespeare --tokenizer byte`"):
+                     r"run `python prepare_data.py --shakespeare --tokenizer byte "
+                     r"--val_fraction 0.05 --cache_dir .*/cache`"):
     open_dataset(unprepared)  # opening never prepares: train.py and prepare_data.py do
   assert not (tmp_path / "cache").exists()
   ds = open_dataset(data_config(corpus_dir[0]))

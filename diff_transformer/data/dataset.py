@@ -126,9 +126,14 @@ def _checked_dir(data_config: ml_collections.ConfigDict) -> Path:
   """The prepared directory config.data names, its tokenizer checked against the config."""
   path = _named_dir(data_config)
   if data_config.name == "shakespeare" and not path.is_dir():
+    flags = f"--tokenizer {data_config.tokenizer}"
+    if data_config.tokenizer == "bpe":
+      flags += f" --bpe_vocab_size {data_config.bpe_vocab_size}"
+    flags += f" --val_fraction {data_config.val_fraction:g}"
+    if data_config.cache_dir:
+      flags += f" --cache_dir {data_config.cache_dir}"
     raise DataError(f"data.name: the built-in corpus is not prepared in {path} yet; run `python "
-                    f"prepare_data.py --shakespeare --tokenizer {data_config.tokenizer}` (train.py "
-                    "prepares it on first use)")
+                    f"prepare_data.py --shakespeare {flags}` (train.py prepares it on first use)")
   meta = read_metadata(path)
   recorded = meta["tokenizer"]
   if recorded["name"] != data_config.tokenizer or (
