@@ -105,7 +105,7 @@ def _named_dir(data_config: ml_collections.ConfigDict) -> Path:
           f"{data_config.tokenizer}{vocab}-val{data_config.val_fraction:g}")
 
 
-def ensure_prepared(data_config: ml_collections.ConfigDict) -> Path:
+def ensure_prepared(data_config: ml_collections.ConfigDict) -> Path | None:
   """The prepared directory config.data names: the built-in corpus is fetched and prepared into
   the cache on first use (what train.py and prepare_data.py --shakespeare do before anything
   opens it). A synthetic task needs nothing prepared: None."""

@@ -96,9 +96,10 @@ def open_run(config: ml_collections.ConfigDict, workdir: Path, dataset, mesh, tr
              None, 0, resumed=False, batch_change=batch_change, code_change=None)
 
 
-def record_start(run: Run, state, start: int) -> None:
-  """The run starts (or resumes) at `start` from `state`: its record and code version say so."""
-  run.state, run.start, run.resumed = state, start, bool(start)
+def record_start(run: Run, state, start: int, resumed: bool) -> None:
+  """The run starts (or, `resumed` from a checkpoint, goes on) at `start` from `state`: its
+  record and code version say so. A checkpoint at step 0 (an HF import) is a resume too."""
+  run.state, run.start, run.resumed = state, start, resumed
   run_record.write_run_record(run.workdir, run.config, run.dataset)
   run.code_change = run_record.record_code_version(run.workdir, start)
 
@@ -121,7 +122,7 @@ def open_alone(config: ml_collections.ConfigDict, workdir: Path, start_params=No
   found = run.checkpointer.restore(trainer.abstract_state, run.iterator)
   if found is not None:
     print(f"Resumed from checkpoint step {found[1]} in {run.checkpointer.directory}", flush=True)
-  record_start(run, *(found or (trainer.init(), 0)))
+  record_start(run, *(found or (trainer.init(), 0)), resumed=found is not None)
   if found is None and params is not None:
     run.state = _start_from(trainer, run.state, params, config.init_from_hf, run.checkpointer,
                             run.iterator)

@@ -126,7 +126,7 @@ def _open(configs, workdirs, scales, name: str):
       states.append(state)
   state = jax.tree.map(lambda *xs: jnp.stack(xs), *states) if start else population.init()
   for m in live:
-    record_start(m.run, None, start)  # the state is the population's, stacked
+    record_start(m.run, None, start, resumed=bool(start))  # the state: the population's, stacked
     with open(RunFolder(m.run.workdir).log, "a") as log:
       log.write(f"member {m.index} of {name} ({len(members)} members, one program); its "
                 f"output is the population's log\n")

@@ -62,7 +62,8 @@ class Cohort(Protocol):
   def stopped(self, step: int, reason: str) -> None: ...
 
 
-def run_steps(cohort: Cohort, state, schedule: Schedule, stop: StopSignal) -> tuple[int, str | None]:
+def run_steps(cohort: Cohort, state, schedule: Schedule,
+              stop: StopSignal) -> tuple[int, str | None]:
   """Steps `cohort` from schedule.start to schedule.steps (or until it stops training); returns
   (the last step taken, the stop request that ended it or None)."""
   step, pending = schedule.start, None  # pending: (step, metrics) not yet checked
