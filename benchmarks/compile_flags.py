@@ -1,4 +1,4 @@
-"""What the test suite's XLA flags (tests/child_env.py: FAST_COMPILE_FLAGS) save: each flag set
+"""What the test suite's XLA flags (tests/helpers/child_env.py: FAST_COMPILE_FLAGS) save: each flag set
 added in turn, one fresh process per setting and round (XLA reads its flags once), pinned to one
 core as under `pytest -n 2` on two cores. Each process builds every registered variant's tiny
 trainer (GQA), compiles their init, train and eval steps and runs 20 train steps each. Rounds are
@@ -21,13 +21,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 
 import jax  # noqa: E402  (XLA reads its flags when the backend starts, not at import)
 import numpy as np  # noqa: E402
 from jax import monitoring  # noqa: E402
 
-from child_env import FAST_COMPILE_FLAGS  # noqa: E402
+from tests.helpers.child_env import FAST_COMPILE_FLAGS  # noqa: E402
 from diff_transformer import params  # noqa: E402
 from diff_transformer.config import base_config, validate  # noqa: E402
 from diff_transformer.model.attention import PAPER_VARIANTS  # noqa: E402

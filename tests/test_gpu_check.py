@@ -1,12 +1,18 @@
-"""The GPU check's CPU mode (tools/gpu_check.sh --cpu): every stage runs end to end at tiny
-shapes with Pallas interpreted, so the entry the GPU machine runs cannot rot between GPU runs."""
+"""The GPU check's CPU mode: every stage end to end at tiny shapes with Pallas interpreted, so
+the entry the GPU machine runs cannot rot between GPU runs. The stages run in one process (the
+driver's `--stage all`); tools/gpu_check.sh's own loop (its plan, one process per stage under
+its cap, a failed or capped stage failing the command) is checked on its cheapest stage."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+
+from benchmarks.gpu_check.stages import STAGES
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -14,10 +20,10 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> dict:
   out = tmp_path_factory.mktemp("gpu_check")
-  proc = subprocess.run(["bash", "tools/gpu_check.sh", "--cpu", str(out)], cwd=ROOT,
-                        capture_output=True, text=True, timeout=600)
+  proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--stage", "all", "--cpu",
+                         "--seconds", "240", "--out", str(out)], cwd=ROOT, capture_output=True,
+                        text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-  assert "exit status 124" not in proc.stdout, proc.stdout[-3000:]  # no stage hit its cap
   return {p.stem.removeprefix("gpu_check_"): json.loads(p.read_text())
           for p in out.glob("gpu_check_*.json")}
 
@@ -76,9 +82,20 @@ def test_profile_sums_each_variants_kernels_by_class(results):
 ])
 def test_a_malformed_stage_is_named_before_any_runs_and_a_failed_stage_fails_the_command(
     tmp_path, stages, status, words):
-  import os
   proc = subprocess.run(["bash", "tools/gpu_check.sh", "--cpu", str(tmp_path)], cwd=ROOT,
                         capture_output=True, text=True, timeout=120,
                         env={**os.environ, "GPU_CHECK_STAGES": stages})
   assert proc.returncode == status and words in proc.stderr, proc.stdout + proc.stderr
   assert ("== env exit status 124" in proc.stdout) == (status == 1)  # refused: nothing ran
+
+
+def test_the_shell_plans_every_stage_and_runs_one_in_its_own_process(tmp_path):
+  plan = subprocess.run(["python3", "benchmarks/gpu_check/stages.py", "--plan", "--cpu"],
+                        cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+  assert plan == [f"{s.name}:{s.cpu_cap}" for s in STAGES if s.part]
+  proc = subprocess.run(["bash", "tools/gpu_check.sh", "--cpu", str(tmp_path)], cwd=ROOT,
+                        capture_output=True, text=True, timeout=120,
+                        env={**os.environ, "GPU_CHECK_STAGES": "tests:60"})
+  assert proc.returncode == 0 and "== tests exit status 0" in proc.stdout, proc.stdout + proc.stderr
+  record = json.loads((tmp_path / "gpu_check_tests.json").read_text())
+  assert record["stage"] == "tests" and record["skipped"].startswith("CPU mode")

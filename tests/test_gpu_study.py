@@ -29,17 +29,22 @@ def gpu_study(tmp_path: Path, seconds: int, *flags: str, status: int = 0) -> tup
 def test_a_study_stopped_at_its_deadline_exits_0_and_a_later_call_finishes_into_the_tarball(tmp_path):
   file = tmp_path / "tiny_study.py"
   file.write_text(TINY_STUDY.replace("quick_lr_grid=(1e-3, 3e-3),", ""))  # one run, no grid
-  flags = (f"--study={file}", "--quick", "--variants=transformer", "--seeds=0")
+  # As on the GPU: the cell's seeds as one program of two members (study.py --population; each
+  # member is its standalone run: tests/test_population_runs.py).
+  flags = (f"--study={file}", "--quick", "--variants=transformer", "--seeds=0,1",
+           "--population=2")
   stopped, names = gpu_study(tmp_path, 3, *flags)  # the driver is still starting at 3 s
   assert "== study stopped at 3 s" in stopped and "== 0 records" in stopped, stopped
   assert "study_tiny/records/transformer-s0.json" not in names
   finished, names = gpu_study(tmp_path, 300, *flags)
   assert "== study finished: every point recorded" in finished, finished
-  assert "== 1 records" in finished
-  assert {"study_tiny/records/transformer-s0.json", "study_tiny/study.json"} <= names
+  assert "== 2 records" in finished
+  points = ("transformer-s0", "transformer-s1")
+  assert {*(f"study_tiny/records/{p}.json" for p in points), "study_tiny/study.json"} <= names
   assert not any(n.endswith("driver.lock") for n in names)
-  record = json.loads((tmp_path / "study_tiny/records/transformer-s0.json").read_text())
-  assert record["steps"] == 4
+  for point in points:
+    record = json.loads((tmp_path / f"study_tiny/records/{point}.json").read_text())
+    assert record["steps"] == 4 and record["population"] == 2, record
 
 
 def test_a_refused_study_fails_the_command_and_still_packs_the_folder(tmp_path):

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -79,12 +80,17 @@ def run_and_export(request, runs):
 
 
 def _evaluate(model: str, model_args: str, tasks: Path) -> dict:
+  """lm-eval's evaluation in this process, on the local tasks alone (indexing its thousands of
+  built-in task files takes seconds) and without its environment report (torch's collect_env
+  runs pip, nvcc and lsb_release: seconds more); the command-line test runs both."""
   import lm_eval
   from lm_eval.tasks import TaskManager
   import diff_transformer.lm_eval.model  # noqa: F401
-  return lm_eval.simple_evaluate(model=model, model_args=model_args, tasks=list(TASKS),
-                                 task_manager=TaskManager(include_path=str(tasks)),
-                                 log_samples=True, batch_size=4, device="cpu")
+  manager = TaskManager(include_path=str(tasks), include_defaults=False)
+  with mock.patch("lm_eval.evaluator.add_env_info", lambda results: None):
+    return lm_eval.simple_evaluate(model=model, model_args=model_args, tasks=list(TASKS),
+                                   task_manager=manager, log_samples=True, batch_size=4,
+                                   device="cpu")
 
 
 def _responses(result: dict, task: str) -> list:

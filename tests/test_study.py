@@ -160,20 +160,6 @@ def test_quick_study_runs_end_to_end_and_resumes(tmp_path):
     assert p["mean_diff"] == pytest.approx(sum(diffs) / 2)
   text = (root / "report.md").read_text()
   assert "Primary" in text and "floor: one_key" in text and (root / "learning_curves.png").is_file()
-  # One cell's seeds in one program of two members: its records differ only in the field
-  # naming the program. The grid's records are taken over (a grid cell's lrs as one program:
-  # test_population_runs.py and the grouping test below).
-  pop_root = tmp_path / "population_root"
-  pop_args = [a.replace(str(root), str(pop_root)).replace("transformer,diff_v2", "diff_v2")
-              for a in args]
-  shutil.copytree(root / "records" / "lr_grid", pop_root / "records" / "lr_grid")
-  result = study(tmp_path, *pop_args, "--population=2")
-  assert result.returncode == 0, result.stderr[-2000:]
-  assert sorted(p.name for p in pop_root.glob("**/populations/*.json")) == ["diff_v2-s1+1.json"]
-  pop = json.loads((pop_root / "study.json").read_text())
-  assert all(r["population"] == 2 for r in pop["runs"])
-  _assert_same_study(pop["runs"], [r for r in data["runs"] if r["variant"] == "diff_v2"])
-  _assert_same_study(pop["lr_grid"]["chosen"]["diff_v2"], data["lr_grid"]["chosen"]["diff_v2"])
   # The same study under another --set is refused before anything trains, in one line naming
   # the key; with --retrain_changed those points train anew and the old workdirs are kept.
   changed = [a.replace("num_keys=6", "num_keys=7") for a in args]

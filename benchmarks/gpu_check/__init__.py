@@ -1,8 +1,9 @@
 """The GPU check: the kernels, the training step and decoding on a GPU's own JAX, stage by stage.
 
   bash tools/gpu_check.sh [OUT]            # on the GPU machine: every stage, each its own process
-  bash tools/gpu_check.sh --cpu [OUT]      # tiny shapes, Pallas interpreted (what CI runs)
+  bash tools/gpu_check.sh --cpu [OUT]      # tiny shapes, Pallas interpreted, on any machine
   python -m benchmarks.gpu_check --stage kernels --out OUT [--cpu] [--seconds 80]
+  python -m benchmarks.gpu_check --cpu --out OUT  # every stage in one process (the tests' way)
 
 The stages, their caps and the order they run in are one table (stages.py), which
 tools/gpu_check.sh asks for its plan; each stage is a module here (env, correctness, kernels,

@@ -13,7 +13,14 @@ import itertools
 import math
 
 import numpy as np
-from scipy import stats as scipy_stats
+
+
+def _t_ppf(q: float, df: int) -> float:
+  # scipy.stats takes about 2 s to import: only a report needs it, not every training process
+  # that loads a study file.
+  from scipy import stats
+  return float(stats.t.ppf(q, df))
+
 
 ALPHA = 0.05
 
@@ -74,7 +81,7 @@ def paired(variant: dict[int, float], baseline: dict[int, float]) -> dict:
   low = high = sd = math.nan
   if n >= 2:
     sd = float(d.std(ddof=1))
-    half = float(scipy_stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n))
+    half = _t_ppf(0.975, n - 1) * sd / math.sqrt(n)
     low, high = mean - half, mean + half
   return dict(mean_diff=mean, ci95_low=low, ci95_high=high, sd=sd, p=sign_flip_p(d), n=n)
 
@@ -96,8 +103,9 @@ def censored_median(times: list[float], reached: list[bool]) -> float:
 
 def sign_test_p(earlier: int, later: int) -> float:
   """Exact two-sided sign test on the determined, untied pairs (nan for none)."""
+  from scipy import stats  # see _t_ppf
   n = earlier + later
-  return float(scipy_stats.binomtest(earlier, n, 0.5).pvalue) if n else math.nan
+  return float(stats.binomtest(earlier, n, 0.5).pvalue) if n else math.nan
 
 
 def paired_censored(variant: dict[int, tuple[float, bool]], baseline: dict[int, tuple[float, bool]]
@@ -141,4 +149,4 @@ def smallest_effect(n: int, comparisons: int, power: float = 0.8) -> float:
     return math.inf
   df = n - 1
   alpha = ALPHA / comparisons
-  return float((scipy_stats.t.ppf(1 - alpha / 2, df) + scipy_stats.t.ppf(power, df)) / math.sqrt(n))
+  return (_t_ppf(1 - alpha / 2, df) + _t_ppf(power, df)) / math.sqrt(n)

@@ -6,7 +6,6 @@ import dataclasses
 import math
 
 import numpy as np
-from scipy import optimize
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +46,7 @@ def fit_power_law(x, loss) -> PowerLaw:
   E0 = max(0.0, loss.min() - 0.5 * (loss.max() - loss.min()) - 1e-3)
   slope = -np.polyfit(np.log(u), np.log(np.maximum(loss - E0, 1e-9)), 1)[0]
   p0 = (E0, float(np.exp(np.mean(np.log(np.maximum(loss - E0, 1e-9))))), max(float(slope), 0.05))
+  from scipy import optimize  # about 1 s to import: only when fitting, not at sweep.py's start
   popt, pcov = optimize.curve_fit(law, u, loss, p0=p0, maxfev=20_000,
                                   bounds=([0.0, 0.0, 0.0], [np.inf, np.inf, 5.0]))
   E, a, alpha = popt

@@ -67,7 +67,8 @@ class Trainer:
     self.abstract_state = jax.tree.map(
         lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
         self.abstract_state, self.state_shardings)
-    self._init = jax.jit(self.init_fn, static_argnums=0, out_shardings=self.state_shardings)
+    # The seed is traced (a key argument), so every seed of one model shares one program.
+    self._init = jax.jit(self.init_fn, out_shardings=self.state_shardings)
     self._train_step = jax.jit(self.train_step_fn, out_shardings=(self.state_shardings, None),
                                donate_argnums=0)
     self._grads = jax.jit(self._grads_fn)
@@ -110,7 +111,7 @@ class Trainer:
     """A fresh sharded state; every array is created in place on its devices."""
     seed = int(self.config.train.seed if seed is None else seed)
     with self.context():
-      return self._init(seed)
+      return self._init(jax.random.key(seed))
 
   def model(self, state: State) -> nnx.Module:
     """An nnx model viewing the state's parameters (for evaluation or analysis)."""
