@@ -71,9 +71,10 @@ def interrupt(proc: subprocess.Popen, sig: int, workdir: Path) -> subprocess.Com
 
 
 def test_study_survives_kills_in_children_and_in_evaluation_and_names_a_failed_child(tmp_path):
-  """SIGKILL and SIGTERM while a child trains, then both again while the study evaluates; the
-  DIFF V2 runs fail at start (an init_from_hf folder that does not exist): named with their log,
-  the others go on, and the study exits 1 with every finished run counted once."""
+  """SIGKILL while a child trains (SIGTERM then: the second-driver test below), then SIGKILL and
+  SIGTERM while the study evaluates; the DIFF V2 runs fail at start (an init_from_hf folder
+  that does not exist): named with their log, the others go on, and the study exits 1 with
+  every finished run counted once."""
   file = tmp_path / "tiny_study.py"
   file.write_text(TINY_STUDY.replace("quick_lr_grid=(1e-3, 3e-3),", "").replace(
       "  return c\n", "  if variant == 'diff_v2':\n    c.init_from_hf = '/nonexistent/hf'\n"
@@ -81,7 +82,6 @@ def test_study_survives_kills_in_children_and_in_evaluation_and_names_a_failed_c
   root = tmp_path / "root"
   args = (f"--study={file}", "--quick", f"--root={root}")
   for sig, point, phase in ((signal.SIGKILL, "transformer-s0", "train"),
-                            (signal.SIGTERM, "transformer-s1", "train"),
                             (signal.SIGKILL, "", "eval"), (signal.SIGTERM, "", "eval")):
     started = time.time()
     proc = start("study.py", *args)
@@ -138,8 +138,9 @@ def test_sweep_survives_sigterm_and_sigkill_in_a_child(tmp_path):
 
 def test_a_second_driver_on_a_root_is_refused_up_front(tmp_path):
   """Two identical studies on one root: the second ends in one line naming the first before it
-  trains anything; the first is untouched and stops as any driver does (SIGTERM: saved, exit 2;
-  the study-fault test above finishes such a study)."""
+  trains anything; the first is untouched, and SIGTERM while its child trains stops both (the
+  child saves; the driver exits 2 in one line; the study-fault test above resumes such a
+  study)."""
   file = tmp_path / "tiny_study.py"
   file.write_text(TINY_STUDY.replace("quick_lr_grid=(1e-3, 3e-3),", ""))  # one child, no grid
   root = tmp_path / "root"
@@ -151,6 +152,7 @@ def test_a_second_driver_on_a_root_is_refused_up_front(tmp_path):
   assert second.returncode == 2 and len(err.strip().splitlines()) == 1, err[-2000:]
   assert f"--root {root}: another study.py holds it (pid {first.pid}" in err
   assert first.poll() is None and lock_held(root, "driver.lock")  # the first goes on
+  wait_until(lambda: lock_held(root / "transformer-s0"), "the first study's child")
   stopped = interrupt(first, signal.SIGTERM, root / "transformer-s0")
   assert stopped.returncode == 2, stopped.stderr[-2000:]
   assert stopped.stderr.strip().splitlines()[-1].startswith("error: stopped by SIGTERM")

@@ -161,11 +161,17 @@ def test_quick_study_runs_end_to_end_and_resumes(tmp_path):
   text = (root / "report.md").read_text()
   assert "Primary" in text and "floor: one_key" in text and (root / "learning_curves.png").is_file()
   # The same study under another --set is refused before anything trains, in one line naming
-  # the key; with --retrain_changed those points train anew and the old workdirs are kept.
+  # the key (in-process here: study.py prints such a line alone, tests/test_reliability.py); with
+  # --retrain_changed those points train anew and the old workdirs are kept.
+  def quick_tiny(num_keys: int) -> Study:
+    return cli.load_definition(str(file), "study", "STUDY").validate().quick().with_options(
+        sets=(f"data.task.num_keys={num_keys}",), seeds="1,2", name="tinyq").validate()
+  with pytest.raises(UserError) as refused:
+    runner.run(quick_tiny(7), str(file), root)
+  assert len(message_lines(refused.value)) == 1
+  assert "data.task.num_keys 6 -> 7" in str(refused.value)
+  assert "--retrain_changed" in str(refused.value)
   changed = [a.replace("num_keys=6", "num_keys=7") for a in args]
-  refused = study(tmp_path, *changed)
-  assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1
-  assert "data.task.num_keys 6 -> 7" in refused.stderr and "--retrain_changed" in refused.stderr
   subset = [a.replace("transformer,diff_v2", "transformer").replace("1,2", "1") for a in changed]
   retrained = study(tmp_path, *subset, "--retrain_changed")
   assert retrained.returncode == 0, retrained.stderr[-2000:]
@@ -180,8 +186,7 @@ def test_quick_study_runs_end_to_end_and_resumes(tmp_path):
     old.rename(old.with_name(old.name.split(".replaced-")[0]))
   # A rerun (what study.py does again, in-process here) trains and evaluates nothing; with the
   # workdirs gone, the records alone rebuild the same runs (a new machine with committed records).
-  tiny = cli.load_definition(str(file), "study", "STUDY").validate().quick().with_options(
-      sets=("data.task.num_keys=6",), seeds="1,2", name="tinyq").validate()
+  tiny = quick_tiny(6)
   for workdir in [root / p for p in tiny.points()] + [root / "lr_grid"]:
     shutil.rmtree(workdir)
   status, grid_again = runner.run(tiny, str(file), root)
