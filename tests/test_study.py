@@ -313,15 +313,14 @@ def test_a_study_of_derived_cells_and_named_pairs_runs_reports_and_rebuilds(tmp_
   assert result.returncode == 0, result.stderr[-2000:]
   data = json.loads((root / "study.json").read_text())
   grid = data["lr_grid"]
-  assert set(grid["chosen"]) == {"transformer", "diff_v2", "transformer@warm1"}
+  assert set(grid["chosen"]) == {"transformer", "transformer@warm1"}
   lr = {r["variant"]: r["lr"] for r in data["runs"]}
   assert lr["transformer@wd0"] == grid["chosen"]["transformer"] == lr["transformer"]
   assert lr["transformer@warm1"] == grid["chosen"]["transformer@warm1"]
   setting = json.loads((root / "records" / "transformer@warm1-s0.json").read_text())["setting"]
   assert setting["train.weight_decay"] == 0.0 and setting["train.warmup_steps"] == 1
-  pairs = ["diff_v2 vs transformer", "transformer@wd0 vs transformer",
-           "transformer@warm1 vs transformer@wd0"]
-  assert list(data["paired"]) == pairs and data["study"]["design"]["primary"]["comparisons"] == 3
+  pairs = ["transformer@wd0 vs transformer", "transformer@warm1 vs transformer@wd0"]
+  assert list(data["paired"]) == pairs and data["study"]["design"]["primary"]["comparisons"] == 2
   by = {(r["variant"], r["seed"]): r["final_loss"] for r in data["runs"]}
   entry = data["paired"]["transformer@warm1 vs transformer@wd0"]["final_loss"]
   assert entry["mean_diff"] == pytest.approx(
@@ -329,11 +328,13 @@ def test_a_study_of_derived_cells_and_named_pairs_runs_reports_and_rebuilds(tmp_
   primary = [data["paired"][p]["final_loss"] for p in pairs]
   assert all(e["family"] == "primary" and e["p_holm"] >= e["p"] for e in primary)
   cells = data["study"]["cells"]
-  assert cells["transformer@wd0"]["lr_from"] == "transformer" and cells["diff_v2"]["parent"] is None
+  assert cells["transformer@wd0"]["lr_from"] == "transformer"
+  assert cells["transformer"]["parent"] is None
   text = (root / "report.md").read_text()
-  assert "## Cells" in text and "3 pre-named pairs (a - b), Holm over 3" in text
+  assert "## Cells" in text and "2 pre-named pairs (a - b), Holm over 2" in text
   assert "![pre-named pairs](pairs.png)" in text and (root / "pairs.png").is_file()
-  assert "| diff_v2 - transformer |" in text and "-0.500" in text and "a test figure" in text
+  assert "| transformer@wd0 - transformer |" in text and "-0.500" in text
+  assert "a test figure" in text
   assert cells["transformer@wd0"]["published"] == 7.25 and "| 7.25 |" in text
   # The records alone rebuild the same pairs (workdirs gone: committed records on a new machine).
   tiny = cli.load_definition(str(file), "study", "STUDY").validate().quick()
