@@ -11,6 +11,7 @@ logged as `hfu`).
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import sys
@@ -28,6 +29,7 @@ from diff_transformer.params import abstract_model, param_shapes
 from diff_transformer.runs.folder import RunFolder
 
 
+@functools.lru_cache(maxsize=256)  # an abstract model per call: the FLOP counts ask twice
 def matmul_params(spec: ModelSpec) -> int:
   """Weights that take part in a matmul per token: every kernel, the LM head (tied: the
   embedding, used as the head); not the embedding lookup, norm gains or lambda vectors."""

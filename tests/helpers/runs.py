@@ -2,6 +2,7 @@
 readers of what a run logged (tests/conftest.py builds the shared corpus and reference run)."""
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -55,13 +56,18 @@ def tiny_flags(data_path: Path, **overrides) -> list[str]:
 def train_here(workdir: Path, data_path: Path, **overrides) -> dict:
   """What train.py does with tiny_flags(data_path, **overrides), in this process: for the tests
   whose point is the training library's behaviour, not the program around it (the tests below
-  that start train.py check its one-line errors, signals and processes)."""
+  that start train.py check its one-line errors, signals and processes). An init_from_hf
+  folder is converted as train.py converts it."""
   from configs import default
   from diff_transformer.config import validate
   from diff_transformer.training import train
   config = default.get_config()
   config.update_from_flattened_dict(tiny_overrides(data_path, **overrides))
-  return train(validate(config), workdir)
+  start_params = None
+  if config.init_from_hf:
+    from diff_transformer.interop import hf_import
+    start_params = functools.partial(hf_import.import_params, folder=config.init_from_hf)
+  return train(validate(config), workdir, start_params=start_params)
 
 
 def refused_here(workdir: Path, data_path: Path, needles: tuple[str, ...], **overrides) -> str:
