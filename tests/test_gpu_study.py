@@ -33,8 +33,8 @@ def test_a_study_stopped_at_its_deadline_exits_0_and_a_later_call_finishes_into_
   # member is its standalone run: tests/test_population_runs.py).
   flags = (f"--study={file}", "--quick", "--variants=transformer", "--seeds=0,1",
            "--population=2")
-  stopped, names = gpu_study(tmp_path, 3, *flags)  # the driver is still starting at 3 s
-  assert "== study stopped at 3 s" in stopped and "== 0 records" in stopped, stopped
+  stopped, names = gpu_study(tmp_path, 1, *flags)  # the driver is still starting at 1 s
+  assert "== study stopped at 1 s" in stopped and "== 0 records" in stopped, stopped
   assert "study_tiny/records/transformer-s0.json" not in names
   finished, names = gpu_study(tmp_path, 300, *flags)
   assert "== study finished: every point recorded" in finished, finished

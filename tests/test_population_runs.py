@@ -69,10 +69,12 @@ def _assert_close_runs(got: Path, want: Path) -> None:
 
 
 def test_each_member_is_its_standalone_run(population, corpus, reference, tmp_path):
-  """Two seeds, three lrs: every member's loss curve, validation losses, checkpoints and
-  summary are its standalone run's, to float32 reduction-order differences."""
+  """The reference run's member, and one at another seed and lr: each one's loss curve,
+  validation losses, checkpoints and summary are its standalone run's, to float32
+  reduction-order differences (the third lr's member is checked against itself, resumed, in
+  the kill test below)."""
   _assert_close_runs(population / "ref", reference)
-  for name, seed, lr in MEMBERS[1:3]:
+  for name, seed, lr in MEMBERS[1:2]:
     alone = tmp_path / name
     train_here(alone, corpus, **_overrides(seed, lr))
     _assert_close_runs(population / name, alone)
