@@ -1,6 +1,7 @@
 """What every suite shares: one-line errors, jitted model calls, JSON output, plotting, settings."""
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import math
@@ -95,10 +96,28 @@ class Fns:
     def nll(state, tokens, targets, positions, segment_ids):
       return token_nll(nnx.merge(graphdef, state)(tokens, positions, segment_ids), targets)
 
+    def layer_project(state, i, x, positions):
+      return _block(graphdef, state, i).attn.project(x, positions)
+
+    def layer_output(state, i, x, positions, segment_ids):
+      return _block(graphdef, state, i)(x, positions, segment_ids)[0]
+
     self._logits = jax.jit(logits)
     self._capture = jax.jit(capture)
     self._decode = jax.jit(decode)
     self._nll = jax.jit(nll)
+    self._layer_project = jax.jit(layer_project)
+    self._layer_output = jax.jit(layer_output)
+
+  def reloaded(self, model) -> "Fns":
+    """These compiled calls on another model of the same graph (another init seed, another
+    checkpoint): nothing compiles again."""
+    graphdef, state = nnx.split(model)
+    if graphdef != self.graphdef:
+      raise ValueError("Fns.reloaded: the model's graph differs from the compiled one")
+    other = copy.copy(self)
+    other.model, other.state = model, state
+    return other
 
   def logits(self, tokens, positions=None, segment_ids=None) -> Array:
     return self._logits(self.state, jnp.asarray(tokens), _opt(positions), _opt(segment_ids))
@@ -114,10 +133,20 @@ class Fns:
   def decode(self, tokens, cache, lengths=None):
     return self._decode(self.state, jnp.asarray(tokens, jnp.int32), cache, _opt(lengths))
 
-  def layer(self, i: int):
-    """Block i as a plain module (its slice of the stacked layer parameters)."""
-    gd, st = nnx.split(self.model.blocks)
-    return nnx.merge(gd, jax.tree.map(lambda x: x[i], st))
+  def layer_project(self, i: int, x, positions):
+    """Block i's attention inputs (a Projected: q1, k1, v, ...) from its attention input x."""
+    return self._layer_project(self.state, i, x, jnp.asarray(positions))
+
+  def layer_output(self, i: int, x, positions, segment_ids):
+    """Block i's output (the residual stream after it) from its input x."""
+    return self._layer_output(self.state, i, x, jnp.asarray(positions), jnp.asarray(segment_ids))
+
+
+def _block(graphdef, state, i):
+  """Block i of the model's stacked layers as a plain module (i may be traced: one program
+  serves every layer)."""
+  blocks_graphdef, blocks_state = nnx.split(nnx.merge(graphdef, state).blocks)
+  return nnx.merge(blocks_graphdef, jax.tree.map(lambda x: x[i], blocks_state))
 
 
 def _opt(x):

@@ -42,7 +42,7 @@ def _logits(q_BTNH, k_BSKH, valid_BTS) -> np.ndarray:
 
 def layer_logits(fns: common.Fns, layer: int, attn_in_BTD, positions_BT, valid_BTS) -> np.ndarray:
   """Valid attention logits of one layer (both maps for differential variants), flattened."""
-  p = fns.layer(layer).attn.project(attn_in_BTD, positions_BT)
+  p = fns.layer_project(layer, attn_in_BTD, positions_BT)
   parts = [_logits(p.q1, p.k1, valid_BTS)]
   if p.q2 is not None:
     parts.append(_logits(p.q2, p.k1 if p.k2 is None else p.k2, valid_BTS))
@@ -60,7 +60,7 @@ def analyse(fns: common.Fns, batch: dict) -> dict:
   tokens_BT = seg > 0
   hidden = np.asarray(aux["hidden"])  # [L, B, T, D]: each layer's input
   last = fns.spec.num_layers - 1  # its output is the residual stream entering the final norm
-  final = np.asarray(fns.layer(last)(aux["hidden"][last], positions, jnp.asarray(seg))[0])
+  final = np.asarray(fns.layer_output(last, aux["hidden"][last], positions, seg))
   per_layer, all_logits, all_hidden = {}, [], []
   for l in range(hidden.shape[0]):
     lg = layer_logits(fns, l, aux["attn_in"][l], positions, valid_BTS)
@@ -87,12 +87,13 @@ def run(fns: common.Fns, batch: dict, settings, out_dir) -> dict:
 def initial_logit_rms(spec, vocab: int, seeds=(0, 1, 2), rows: int = 4, T: int = 96) -> float:
   """rms of a freshly initialised model's attention logits on random tokens, averaged over init
   seeds (the Shared DIFF initialisation ablation and its test)."""
-  out = []
+  out, fns = [], None
   for seed in seeds:
     tokens = np.random.default_rng(seed).integers(4, vocab, (rows, T)).astype(np.int32)
     batch = dict(inputs=tokens, segment_ids=np.ones_like(tokens),
                  positions=np.tile(np.arange(T, dtype=np.int32), (rows, 1)))
-    fns = common.Fns(build_model(spec, nnx.Rngs(seed)))
+    model = build_model(spec, nnx.Rngs(seed))
+    fns = common.Fns(model) if fns is None else fns.reloaded(model)
     out.append(analyse(fns, batch)["overall"]["attention_logits"]["rms"])
   return float(np.mean(out))
 
