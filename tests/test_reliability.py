@@ -369,7 +369,7 @@ def test_a_reader_during_training_gets_a_committed_step_or_one_line(corpus, tmp_
   """eval.py's restore, over and over while train.py checkpoints every step and keeps two: each
   read is a committed step, or a one-line refusal; never a half-written checkpoint."""
   workdir = tmp_path / "run"
-  flags = tiny_flags(corpus, **{"train.steps": 30, "train.checkpoint_every": 1,
+  flags = tiny_flags(corpus, **{"train.steps": 20, "train.checkpoint_every": 1,
                                 "train.max_to_keep": 2, "train.eval_every": 100})
   proc = subprocess.Popen(train_cmd(workdir, flags), cwd=ROOT, env=env(),
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -383,4 +383,4 @@ def test_a_reader_during_training_gets_a_committed_step_or_one_line(corpus, tmp_
   assert proc.returncode == 0, proc.stderr.read()[-3000:]
   assert read, "no read landed while the run trained"
   assert all(len(lines) == 1 for lines in refused), refused
-  assert restore_model(workdir)[2] == 30 and read == sorted(read)
+  assert restore_model(workdir)[2] == 20 and read == sorted(read)
