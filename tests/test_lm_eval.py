@@ -142,11 +142,7 @@ def test_command_line_writes_lm_eval_outputs(runs, tmp_path, tasks):
                       str(tasks), "--output_path", str(tmp_path / "out"), "--log_samples"],
                      cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
   assert r.returncode == 0, r.stderr[-3000:]
-  bad = subprocess.run([sys.executable, "-m", "diff_transformer.lm_eval", "--model_args",
-                        f"workdir={tmp_path}", "--tasks", "dt_mc"], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=300)
-  lines = bad.stderr.strip().splitlines()
-  assert bad.returncode != 0 and len(lines) == 1 and "not a training workdir" in lines[0], bad.stderr
+  # (a folder that is not a run, refused in one line: tests/test_reliability.py)
   written = [p.name for p in (tmp_path / "out").rglob("*.json*")]
   assert any(n.startswith("results") for n in written), written
   assert any(n.startswith("samples_dt_mc") for n in written), written
