@@ -166,3 +166,24 @@ def test_the_lm_eval_adapter_restores_a_module_class_run(tmp_path):
   unregister_variant(TOY_PATH)
   lm = DiffTransformerLM(str(workdir), batch_size=2)
   assert type(lm.fns.model.blocks.attn).__name__ == "FixedLambdaAttention"
+
+
+def test_a_variant_whose_keys_clash_is_refused_when_registered():
+  """Its own keys share the `model` section: a key every variant has, or another variant's key
+  at another default, is refused at registration (or where a run names it as module:Class)."""
+  import dataclasses
+  from tests.helpers.toy_variant import FixedLambdaOptions
+
+  def variant(**fields):
+    options = dataclasses.make_dataclass("ClashOptions", [(k, type(v), v) for k, v in
+                                                          fields.items()],
+                                         bases=(FixedLambdaOptions,), frozen=True)
+    return type("ClashAttention", (FixedLambdaAttention,), {"Options": options})
+
+  with pytest.raises(ValueError, match="option d_model is a key every variant has"):
+    register_variant("clash", variant(d_model=3))
+  with pytest.raises(ValueError, match=r"option subln defaults to False, diff's to True"):
+    register_variant("clash", variant(subln=False))
+  assert "clash" not in VARIANTS
+  register_variant("agrees", variant(subln=True))  # another variant's key at its default
+  unregister_variant("agrees")

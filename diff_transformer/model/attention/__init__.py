@@ -41,7 +41,27 @@ def register_variant(name: str, cls: type[Attention]) -> None:
     raise ValueError(f"variant '{name}': names may not contain '-'")
   if name in VARIANTS and VARIANTS[name] is not cls:
     raise ValueError(f"variant '{name}' is already registered as {VARIANTS[name].__name__}")
+  _check_options(name, cls)
   VARIANTS[name] = cls
+
+
+def _check_options(name: str, cls: type[Attention]) -> None:
+  """A variant's own keys share the config's `model` section with every other's: one that is a
+  key every variant has, or another variant's key with another default, is refused here, when
+  registering, not later in some config."""
+  common = {f.name for f in ModelSpec.common_fields()}
+  owned: dict[str, tuple] = {}  # key -> (default, its first owner)
+  for other, known in VARIANTS.items():
+    for f in dataclasses.fields(known.Options) if known is not cls else ():
+      owned.setdefault(f.name, (f.default, other))
+  for f in dataclasses.fields(cls.Options):
+    if f.name in common:
+      raise ValueError(f"variant '{name}': option {f.name} is a key every variant has "
+                       f"(model.{f.name}); name it otherwise")
+    if f.name in owned and owned[f.name][0] != f.default:
+      default, other = owned[f.name]
+      raise ValueError(f"variant '{name}': option {f.name} defaults to {f.default!r}, "
+                       f"{other}'s to {default!r}")
 
 
 def unregister_variant(name: str) -> None:
@@ -67,6 +87,10 @@ def variant_class(name: str) -> type[Attention]:
     raise ConfigError(f"model.variant: cannot import '{name}' ({type(e).__name__}: {e})") from None
   if not (isinstance(cls, type) and issubclass(cls, Attention)):
     raise ConfigError(f"model.variant: '{name}' is not an Attention subclass")
+  try:
+    _check_options(name, cls)
+  except ValueError as e:
+    raise ConfigError(f"model.variant: {e}") from None
   VARIANTS[name] = cls
   return cls
 
@@ -92,11 +116,8 @@ def recorded_variant(name: str) -> str:
 def _option_fields() -> dict[str, tuple[dataclasses.Field, list[str]]]:
   """Every registered variant's own keys: name -> (field, the variants that own it)."""
   out: dict[str, tuple[dataclasses.Field, list[str]]] = {}
-  for name, cls in VARIANTS.items():
+  for name, cls in VARIANTS.items():  # register_variant saw that shared keys share defaults
     for f in dataclasses.fields(cls.Options):
-      if f.name in out and out[f.name][0].default != f.default:
-        raise ValueError(f"variant '{name}': option {f.name} defaults to {f.default!r}, "
-                         f"{out[f.name][1][0]}'s to {out[f.name][0].default!r}")
       out.setdefault(f.name, (f, []))[1].append(name)
   return out
 
