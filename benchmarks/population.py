@@ -6,8 +6,8 @@ studies' settings.
     python benchmarks/population.py --quick                      # tiny shapes, a smoke run
 
 Per setting and size: compile seconds, member-steps/s (median [min-max] over rounds, each round
-`--steps` steps of all members), that rate over the standalone step's, timed in the same run,
-and runs per hour: members x 3600 s over one program's compile plus the setting's train.steps
+`--steps` steps of all members), that rate over the standalone step's (the standalone step and
+every size interleaved round by round), and runs per hour: members x 3600 s over one program's compile plus the setting's train.steps
 at that rate (training steps only: evaluation and start-up are left out, alike for both). Writes benchmarks/results/population.json (or --out). A ratio above 1 means a population
 trains more runs per hour than one process per run on this device.
 """
@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from bench_common import small_config, spread, synthetic_batch  # noqa: E402
+from bench_common import Stepper, interleaved_times, small_config, spread, synthetic_batch  # noqa: E402,E501
 from configs.studies import lm, retrieval  # noqa: E402
 from diff_transformer.config import validate  # noqa: E402
 from diff_transformer.mesh import make_mesh  # noqa: E402
@@ -37,22 +37,6 @@ from diff_transformer.training.step import Trainer  # noqa: E402
 SETTINGS = {"lm": lm.STUDY.make, "retrieval": retrieval.STUDY.make}
 
 
-def _timed(step, state, batch, steps: int, rounds: int):
-  """(compile-and-first-step seconds, per-round seconds per step); the state threads through."""
-  start = time.perf_counter()
-  state, metrics = step(state, batch)
-  jax.block_until_ready(metrics["loss"])
-  first = time.perf_counter() - start
-  per_step = []
-  for _ in range(rounds):
-    start = time.perf_counter()
-    for _ in range(steps):
-      state, metrics = step(state, batch)
-    jax.block_until_ready(metrics["loss"])
-    per_step.append((time.perf_counter() - start) / steps)
-  return first, per_step
-
-
 def runs_per_hour(members: int, compile_s: float, member_steps_per_s: float,
                   train_steps: int) -> float:
   """Runs one program of `members` finishes per hour: its compile plus train_steps steps."""
@@ -60,28 +44,38 @@ def runs_per_hour(members: int, compile_s: float, member_steps_per_s: float,
 
 
 def measure(config, sizes: list[int], steps: int, rounds: int) -> list[dict]:
+  """The standalone step and each population size, timed interleaved (standalone, 2, 4, ...;
+  again; ...) so that a change in the machine's load hits every size alike."""
   trainer = Trainer(config, make_mesh(config.mesh))
   batch = synthetic_batch(config.train.global_batch_size, config.data.seq_len,
                           config.model.vocab_size)
-  first, alone = _timed(trainer.train_step, trainer.init(0), batch, steps, rounds)
-  rate = spread([1 / t for t in alone])
-  total = int(config.train.steps)
-  rows = [dict(members=1, program="standalone", compile_and_first_step_s=first,
-               member_steps_per_s=rate, vs_standalone=1.0,
-               runs_per_hour=runs_per_hour(1, first, rate["median"], total))]
-  for size in sizes:
+  members = {"standalone": 1, **{f"population {size}": size for size in sizes}}
+  states = {"standalone": trainer.init(0)}
+  calls = {"standalone": Stepper(trainer.train_step, batch, states, "standalone")}
+  for key, size in list(members.items())[1:]:
     population = Population(trainer, list(range(size)), [1.0] * size)
+    states[key] = population.init()
     stacked = {k: np.stack([v] * size) for k, v in batch.items()}
-    first, times = _timed(population.members_step, population.init(), stacked, steps, rounds)
-    rate = spread([size / t for t in times])
-    rows.append(dict(members=size, program="population", compile_and_first_step_s=first,
-                     member_steps_per_s=rate,
-                     vs_standalone=rate["median"] / rows[0]["member_steps_per_s"]["median"],
-                     runs_per_hour=runs_per_hour(size, first, rate["median"], total)))
-    print(f"  {size} members: {rate['median']:.2f} member-steps/s "
-          f"({rows[-1]['vs_standalone']:.2f}x standalone), first step {first:.1f} s, "
-          f"{rows[-1]['runs_per_hour']:.1f} runs/h (standalone {rows[0]['runs_per_hour']:.1f})",
-          flush=True)
+    calls[key] = Stepper(population.members_step, stacked, states, key)
+  first = {}
+  for key, call in calls.items():  # compile and first step, each program alone
+    start = time.perf_counter()
+    jax.block_until_ready(call())
+    first[key] = time.perf_counter() - start
+  times = interleaved_times(calls, rounds, inner=steps)
+  total = int(config.train.steps)
+  rates = {key: spread([members[key] / t for t in times[key]]) for key in calls}
+  rows = []
+  for key, size in members.items():
+    rows.append(dict(members=size, program=key.split()[0], compile_and_first_step_s=first[key],
+                     member_steps_per_s=rates[key],
+                     vs_standalone=rates[key]["median"] / rates["standalone"]["median"],
+                     runs_per_hour=runs_per_hour(size, first[key], rates[key]["median"], total)))
+    if key != "standalone":
+      print(f"  {size} members: {rates[key]['median']:.2f} member-steps/s "
+            f"({rows[-1]['vs_standalone']:.2f}x standalone), first step {first[key]:.1f} s, "
+            f"{rows[-1]['runs_per_hour']:.1f} runs/h (standalone {rows[0]['runs_per_hour']:.1f})",
+            flush=True)
   return rows
 
 
