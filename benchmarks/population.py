@@ -7,9 +7,11 @@ studies' settings.
 
 Per setting and size: compile seconds, member-steps/s (median [min-max] over rounds, each round
 `--steps` steps of all members), that rate over the standalone step's (the standalone step and
-every size interleaved round by round), and runs per hour: members x 3600 s over one program's compile plus the setting's train.steps
-at that rate (training steps only: evaluation and start-up are left out, alike for both). Writes benchmarks/results/population.json (or --out). A ratio above 1 means a population
-trains more runs per hour than one process per run on this device.
+every size interleaved round by round), and runs per hour: members x 3600 s over one
+program's compile plus the setting's train.steps at that rate (training steps only: evaluation
+and start-up are left out, alike for both). Writes benchmarks/results/population.json (or
+--out). A ratio above 1 means a population trains more runs per hour than one process per run
+on this device.
 """
 from __future__ import annotations
 
@@ -26,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from bench_common import Stepper, interleaved_times, small_config, spread, synthetic_batch  # noqa: E402,E501
+from bench_common import (Stepper, interleaved_times, small_config, spread,  # noqa: E402
+                          synthetic_batch)
 from configs.studies import lm, retrieval  # noqa: E402
 from diff_transformer.config import validate  # noqa: E402
 from diff_transformer.mesh import make_mesh  # noqa: E402

@@ -92,29 +92,6 @@ def study(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
                                 if k.startswith(("JAX_", "XLA_"))}})  # the session's cache, flags
 
 
-# What differs between two trainings of one study: wall times, the program, the command.
-_PROVENANCE = {"population", "train_seconds", "command", "wall_seconds", "invocations",
-               "machine", "code_versions", "rebuilt"}
-
-
-def _assert_same_study(got, want, path: str = "") -> None:
-  """Equal study results, numbers to float32 reduction-order differences (a population's step
-  is its members' steps batched: same math, other summation order)."""
-  if isinstance(want, dict):
-    keys = set(want) | set(got)
-    assert {k for k in keys if k not in _PROVENANCE} <= set(want) & set(got), path
-    for k in keys - _PROVENANCE:
-      _assert_same_study(got[k], want[k], f"{path}.{k}")
-  elif isinstance(want, list):
-    assert len(got) == len(want), path
-    for i, (g, w) in enumerate(zip(got, want)):
-      _assert_same_study(g, w, f"{path}[{i}]")
-  elif isinstance(want, float) and isinstance(got, float):
-    assert got == pytest.approx(want, rel=1e-4, abs=1e-6, nan_ok=True), path
-  else:
-    assert got == want, path
-
-
 def test_quick_study_runs_end_to_end_and_resumes(tmp_path):
   """The quick form with command-line options: an lr grid, every variant at its best grid lr,
   floors per slice, censoring, exact p and Holm on every paired entry, the command recorded."""

@@ -65,7 +65,6 @@ def np_attention(args: dict, do: np.ndarray, *, causal: bool, seg=None):
   return unheads(out), grads
 
 
-
 def scalar_lam_terms(args: dict, do: np.ndarray, *, causal: bool, seg=None) -> float:
   """The absolute sum of a scalar lambda's gradient terms: dL/dlam = -sum(o2 * do) over every
   token and head cancels to a small fraction of them, so its float32 rounding is measured
@@ -73,6 +72,7 @@ def scalar_lam_terms(args: dict, do: np.ndarray, *, causal: bool, seg=None) -> f
   o2 = (np_attention(dict(args, lam=np.float32(0)), do, causal=causal, seg=seg)[0]
         - np_attention(dict(args, lam=np.float32(1)), do, causal=causal, seg=seg)[0])
   return float(np.abs(o2 * do).sum())
+
 
 def make_inputs(variant: str, *, B=1, T=40, N=4, K=2, d=8, seed=0, seg=False, dtype=jnp.float32):
   """variant: 'v1' (separate keys, 2d values, scalar lam), 'v2' (shared keys, per-token lam),

@@ -52,8 +52,9 @@ def _check_options(name: str, cls: type[Attention]) -> None:
   common = {f.name for f in ModelSpec.common_fields()}
   owned: dict[str, tuple] = {}  # key -> (default, its first owner)
   for other, known in VARIANTS.items():
-    for f in dataclasses.fields(known.Options) if known is not cls else ():
-      owned.setdefault(f.name, (f.default, other))
+    if known is not cls:
+      for f in dataclasses.fields(known.Options):
+        owned.setdefault(f.name, (f.default, other))
   for f in dataclasses.fields(cls.Options):
     if f.name in common:
       raise ValueError(f"variant '{name}': option {f.name} is a key every variant has "
@@ -116,7 +117,7 @@ def recorded_variant(name: str) -> str:
 def _option_fields() -> dict[str, tuple[dataclasses.Field, list[str]]]:
   """Every registered variant's own keys: name -> (field, the variants that own it)."""
   out: dict[str, tuple[dataclasses.Field, list[str]]] = {}
-  for name, cls in VARIANTS.items():  # register_variant saw that shared keys share defaults
+  for name, cls in VARIANTS.items():  # registering checked that shared keys share defaults
     for f in dataclasses.fields(cls.Options):
       out.setdefault(f.name, (f, []))[1].append(name)
   return out
