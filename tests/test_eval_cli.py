@@ -1,7 +1,7 @@
 """eval.py end to end on a tiny run trained on 8 fake devices (data 4, fsdp 2): the same `loss`
 result on one device and on a mesh that splits data, fsdp and tensor, every suite in --quick
-mode, --compare, and bad inputs (one real eval.py error line; the other refusals through
-`evaluate`, the function eval.py calls)."""
+mode, --compare, and bad inputs (through `parse_suites` and `evaluate`, the functions eval.py
+calls; eval.py's own one-line ending is tests/test_reliability.py's)."""
 import json
 import shutil
 import subprocess
@@ -104,14 +104,6 @@ def test_every_suite_quick_then_compare(trained, every_suite, tmp_path):
   assert (tmp_path / "cmp" / "long_context.png").is_file()
 
 
-def one_error_line(proc) -> str:
-  assert proc.returncode != 0
-  assert "Traceback" not in proc.stderr
-  last = proc.stderr.strip().splitlines()[-1]
-  assert last.startswith("error: ")
-  return last
-
-
 def refusal(workdir, suite: str, **settings) -> str:
   """The one-line EvalError `evaluate` (what eval.py runs) raises for this workdir and setting."""
   from diff_transformer.evaluation import EvalError, Settings, evaluate
@@ -121,10 +113,11 @@ def refusal(workdir, suite: str, **settings) -> str:
   return str(e.value)
 
 
-def test_unknown_suite_is_one_line_from_eval_py(trained):
-  line = one_error_line(run("eval.py", f"--workdir={trained}", "--suites=loss,nedle",
-                            check=False))
-  assert "unknown suite 'nedle'" in line
+def test_unknown_suite_is_one_line_before_the_run_is_read():
+  """What eval.py checks first (its own one-line ending: tests/test_reliability.py)."""
+  from diff_transformer.evaluation import EvalError, parse_suites
+  with pytest.raises(EvalError, match=r"^--suites: unknown suite 'nedle'; choose from [^\n]*$"):
+    parse_suites("loss,nedle", task=None)
 
 
 def test_workdir_without_checkpoints(trained, tmp_path):

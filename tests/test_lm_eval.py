@@ -82,7 +82,7 @@ def run_and_export(request, runs):
 def _evaluate(model: str, model_args: str, tasks: Path) -> dict:
   """lm-eval's evaluation in this process, on the local tasks alone (indexing its thousands of
   built-in task files takes seconds) and without its environment report (torch's collect_env
-  runs pip, nvcc and lsb_release: seconds more); the command-line test runs both."""
+  runs pip, nvcc and lsb_release: seconds more); the long command-line test runs both."""
   import lm_eval
   from lm_eval.tasks import TaskManager
   import diff_transformer.lm_eval.model  # noqa: F401
@@ -133,8 +133,31 @@ def test_adapter_matches_lm_eval_hf_on_the_export(run_and_export, tasks):
   assert _responses(ours, "dt_gen") == _responses(theirs, "dt_gen")
 
 
-def test_command_line_writes_lm_eval_outputs(runs, tmp_path, tasks):
+def test_command_line_writes_lm_eval_outputs(runs, tmp_path, tasks, monkeypatch):
+  """`python -m diff_transformer.lm_eval`'s main, in-process: lm-eval's own command line with
+  the model registered and chosen. As in _evaluate, lm-eval indexes the local tasks only (its CLI
+  always indexes its 14,000 task files too: seconds, and nothing of ours) and skips torch's
+  environment report."""
+  from functools import partialmethod
+  from lm_eval.tasks import TaskManager
+  from diff_transformer.lm_eval.__main__ import main
+  monkeypatch.setattr(TaskManager, "__init__",
+                      partialmethod(TaskManager.__init__, include_defaults=False))
   workdir, _ = runs["transformer"]  # read only: the outputs go to --output_path
+  monkeypatch.setattr(sys, "argv", [
+      "diff_transformer.lm_eval", "--model_args", f"workdir={workdir},batch_size=4", "--tasks",
+      "dt_mc", "--include_path", str(tasks), "--output_path", str(tmp_path / "out"),
+      "--log_samples"])
+  with mock.patch("lm_eval.evaluator.add_env_info"):
+    main()
+  # (a folder that is not a run, refused in one line: tests/test_reliability.py)
+  _assert_outputs(tmp_path / "out")
+
+
+@pytest.mark.long
+def test_the_command_as_a_user_runs_it(runs, tmp_path, tasks):
+  """The same as a program, every lm-eval task indexed and its environment report written."""
+  workdir, _ = runs["transformer"]
   env = dict(os.environ, JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
              PYTHONPATH=str(ROOT))
   r = subprocess.run([sys.executable, "-m", "diff_transformer.lm_eval", "--model_args",
@@ -142,8 +165,11 @@ def test_command_line_writes_lm_eval_outputs(runs, tmp_path, tasks):
                       str(tasks), "--output_path", str(tmp_path / "out"), "--log_samples"],
                      cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
   assert r.returncode == 0, r.stderr[-3000:]
-  # (a folder that is not a run, refused in one line: tests/test_reliability.py)
-  written = [p.name for p in (tmp_path / "out").rglob("*.json*")]
+  _assert_outputs(tmp_path / "out")
+
+
+def _assert_outputs(out: Path) -> None:
+  written = [p.name for p in out.rglob("*.json*")]
   assert any(n.startswith("results") for n in written), written
   assert any(n.startswith("samples_dt_mc") for n in written), written
 
