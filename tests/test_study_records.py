@@ -225,6 +225,26 @@ def test_settings_compare_with_todays_defaults_removed(monkeypatch):
                                 recorded["setting"]) == [("model.subln", True, False)]
 
 
+def test_a_variant_registered_later_orphans_no_record():
+  """A `module:Class` variant registered after today's defaults were first read (as in a driver
+  that loads a study naming one) adds its own key at its default: every committed record still
+  matches its point."""
+  from diff_transformer.model.attention import unregister_variant, variant_class
+  from diff_transformer.runs import record as run_record
+  from configs.studies import lm_table6
+  from tests.helpers.toy_variant import FIXED_LAMBDA
+  recorded = json.loads((ROOT / "docs/results/study_lm_table6/records/diff-s0.json").read_text())
+  run_record.defaults()
+  toy = "tests.helpers.toy_variant:FixedLambdaAttention"
+  variant_class(toy)
+  try:
+    expected = setting(lm_table6.STUDY.resolved_config("diff-s0", recorded["lr"]))
+    assert expected["model.fixed_lambda"] == FIXED_LAMBDA
+    assert run_record.differences(expected, recorded["setting"]) == []
+  finally:
+    unregister_variant(toy)
+
+
 @pytest.mark.parametrize("name", ["lm", "lm_table6", "retrieval"])
 def test_committed_studies_rebuild_from_their_records_unchanged(tmp_path, name):
   """Every committed record still matches its point's setting (an option added to the config

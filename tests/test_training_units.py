@@ -39,12 +39,13 @@ def _flat(tree) -> dict[str, object]:
 
 
 @pytest.mark.parametrize("variant", [*VARIANTS, TOY])
-def test_decay_mask_comes_from_variable_types(variant):
+def test_decay_mask_comes_from_variable_types(variant, request):
   """With decay off for norms, lambdas and embeddings, exactly the hand-listed parameters are
   left out; with it on, everything is decayed. No parameter name is read: the types say it."""
   from flax import nnx
   from diff_transformer.model import build_model
-  from diff_transformer.model.attention import spec_from_config
+  from diff_transformer.model.attention import spec_from_config, unregister_variant
+  request.addfinalizer(lambda: unregister_variant(TOY))  # naming it registered it
   from diff_transformer.training.optim import decay_mask
   from tests.helpers.models import sharding_config  # after the env of conftest
   c = sharding_config("transformer")

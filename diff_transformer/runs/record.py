@@ -28,7 +28,7 @@ from diff_transformer.data import assert_compatible, describe
 from diff_transformer.data.tokenizer import load_tokenizer
 from diff_transformer.errors import DataError, TrainError, last_line
 from diff_transformer.files import read_json
-from diff_transformer.model.attention import known_variant
+from diff_transformer.model.attention import VARIANTS, known_variant
 from diff_transformer.tree import flatten
 
 
@@ -63,9 +63,15 @@ def setting(config: ml_collections.ConfigDict) -> dict:
   return {k: v for k, v in flat.items() if k not in IGNORED}
 
 
-@functools.cache
 def defaults() -> dict:
-  """Today's default of every setting key (base_config)."""
+  """Today's default of every setting key (base_config) with the variants registered now: a
+  variant registered later (a `module:Class` run) adds its own keys at their defaults."""
+  return _defaults(tuple(VARIANTS.items()))
+
+
+@functools.cache
+def _defaults(registered: tuple) -> dict:
+  del registered  # the cache key: base_config() reads the registry
   return flatten(json.loads(base_config().to_json_best_effort()))
 
 
