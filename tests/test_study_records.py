@@ -232,17 +232,16 @@ def test_a_variant_registered_later_orphans_no_record():
   from diff_transformer.model.attention import unregister_variant, variant_class
   from diff_transformer.runs import record as run_record
   from configs.studies import lm_table6
-  from tests.helpers.toy_variant import FIXED_LAMBDA
+  from tests.helpers.toy_variant import FIXED_LAMBDA, TOY_PATH
   recorded = json.loads((ROOT / "docs/results/study_lm_table6/records/diff-s0.json").read_text())
   run_record.defaults()
-  toy = "tests.helpers.toy_variant:FixedLambdaAttention"
-  variant_class(toy)
+  variant_class(TOY_PATH)
   try:
     expected = setting(lm_table6.STUDY.resolved_config("diff-s0", recorded["lr"]))
     assert expected["model.fixed_lambda"] == FIXED_LAMBDA
     assert run_record.differences(expected, recorded["setting"]) == []
   finally:
-    unregister_variant(toy)
+    unregister_variant(TOY_PATH)
 
 
 @pytest.mark.parametrize("name", ["lm", "lm_table6", "retrieval"])

@@ -8,6 +8,7 @@ import pytest
 from diff_transformer.config import base_config
 from diff_transformer.model.attention import VARIANTS
 from diff_transformer.params import heads_for
+from tests.helpers.toy_variant import TOY_PATH
 from tests.helpers.variant_table import entry
 
 
@@ -24,7 +25,6 @@ def test_schedule_warmup_then_linear_decay_to_floor():
   assert float(lr(50000)) == pytest.approx(1.28e-5, rel=1e-5)  # an extended run stays at the floor
 
 
-TOY = "tests.helpers.toy_variant:FixedLambdaAttention"
 # The parameters AdamW must not decay with the default decay flags come from the variant table
 # (tests/helpers/variant_table.py `undecayed`: the norm gains and lambdas), written out by hand;
 # the toy variant's here.
@@ -38,16 +38,16 @@ def _flat(tree) -> dict[str, object]:
           for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
-@pytest.mark.parametrize("variant", [*VARIANTS, TOY])
+@pytest.mark.parametrize("variant", [*VARIANTS, TOY_PATH])
 def test_decay_mask_comes_from_variable_types(variant, request):
   """With decay off for norms, lambdas and embeddings, exactly the hand-listed parameters are
   left out; with it on, everything is decayed. No parameter name is read: the types say it."""
   from flax import nnx
   from diff_transformer.model import build_model
   from diff_transformer.model.attention import spec_from_config, unregister_variant
-  request.addfinalizer(lambda: unregister_variant(TOY))  # naming it registered it
   from diff_transformer.training.optim import decay_mask
   from tests.helpers.models import sharding_config  # after the env of conftest
+  request.addfinalizer(lambda: unregister_variant(TOY_PATH))  # naming it registered it
   c = sharding_config("transformer")
   c.model.variant = variant
   c.model.num_heads = heads_for(variant, c.model.d_model, c.model.head_dim)
@@ -57,7 +57,7 @@ def test_decay_mask_comes_from_variable_types(variant, request):
   t = c.train
   t.decay_norms = t.decay_lambda = t.decay_embeddings = False
   mask = _flat(decay_mask(params, t))
-  undecayed = TOY_UNDECAYED if variant == TOY else entry(variant).undecayed
+  undecayed = TOY_UNDECAYED if variant == TOY_PATH else entry(variant).undecayed
   assert {name for name, decayed in mask.items() if not decayed} == (
       undecayed | EVERY_VARIANT_HAS), variant
   t.decay_norms = t.decay_lambda = t.decay_embeddings = True

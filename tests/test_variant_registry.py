@@ -28,10 +28,9 @@ from diff_transformer.sweeps.definition import Sweep
 from diff_transformer.interop.export import export_run
 from diff_transformer.training import train
 from diff_transformer.training.metrics import attention_flops_per_token
-from tests.helpers.toy_variant import FIXED_LAMBDA, FixedLambdaAttention
+from tests.helpers.toy_variant import FIXED_LAMBDA, TOY_PATH, FixedLambdaAttention
 
 ROOT = Path(__file__).resolve().parents[1]
-TOY_PATH = "tests.helpers.toy_variant:FixedLambdaAttention"
 
 @pytest.fixture
 def toy_variant():

@@ -12,6 +12,7 @@ from diff_transformer.model.attention.base import VariantOptions
 from diff_transformer.model.roles import Gain
 
 FIXED_LAMBDA = 0.25
+TOY_PATH = "tests.helpers.toy_variant:FixedLambdaAttention"  # the run's name for it
 
 
 @dataclasses.dataclass(frozen=True)

@@ -89,10 +89,9 @@ def variant_class(name: str) -> type[Attention]:
   if not (isinstance(cls, type) and issubclass(cls, Attention)):
     raise ConfigError(f"model.variant: '{name}' is not an Attention subclass")
   try:
-    _check_options(name, cls)
-  except ValueError as e:
+    register_variant(name, cls)
+  except ValueError as e:  # its own keys clash with another variant's
     raise ConfigError(f"model.variant: {e}") from None
-  VARIANTS[name] = cls
   return cls
 
 
