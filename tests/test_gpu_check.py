@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def results(tmp_path_factory) -> dict:
   out = tmp_path_factory.mktemp("gpu_check")
   proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--stage", "all", "--cpu",
-                         "--seconds", "240", "--out", str(out)], cwd=ROOT, capture_output=True,
+                         "--seconds", "240", "--command_buffers=default,loops",
+                         "--out", str(out)], cwd=ROOT, capture_output=True,
                         text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   return {p.stem.removeprefix("gpu_check_"): json.loads(p.read_text())
@@ -62,7 +63,11 @@ def test_kernel_train_and_decode_stages_measure_every_variant(results):
   orbax = results["train"]["orbax"]
   assert orbax["losses_after_restore"] == orbax["losses_after_save"], orbax
   decode = results["decode"]["cells"]
-  assert len(decode) == 4 and all(c["decode_tokens_per_s"] > 0 for c in decode)
+  assert {(c["variant"], c["command_buffers"]) for c in decode} == {
+      (v, s) for v in ("transformer", "diff", "shared_diff", "diff_v2")
+      for s in ("default", "loops")}
+  assert all(c["decode_tokens_per_s"] > 0 for c in decode)
+  assert all("decode_vs_default" in c for c in decode if c["command_buffers"] == "loops")
 
 
 def test_profile_sums_each_variants_kernels_by_class(results):
@@ -99,3 +104,14 @@ def test_the_shell_plans_every_stage_and_runs_one_in_its_own_process(tmp_path):
   assert proc.returncode == 0 and "== tests exit status 0" in proc.stdout, proc.stdout + proc.stderr
   record = json.loads((tmp_path / "gpu_check_tests.json").read_text())
   assert record["stage"] == "tests" and record["skipped"].startswith("CPU mode")
+
+
+def test_an_unknown_command_buffer_setting_is_refused_before_any_stage_runs(tmp_path):
+  proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--stage", "decode",
+                         "--cpu", "--command_buffers=default,lops", "--out", str(tmp_path)],
+                        cwd=ROOT, capture_output=True, text=True, timeout=120,
+                        env={**os.environ, "PYTHONPATH": str(ROOT)})
+  assert proc.returncode == 2, proc.stdout + proc.stderr
+  assert "--command_buffers must name settings among default,off,loops; got 'default,lops'" in (
+      proc.stderr.splitlines()[-1])
+  assert "== decode" not in proc.stdout and not list(tmp_path.iterdir())

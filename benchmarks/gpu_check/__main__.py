@@ -9,7 +9,19 @@ from pathlib import Path
 
 from benchmarks.gpu_check import ROOT
 from benchmarks.gpu_check.common import OPTIONS
+from benchmarks.gpu_check.decode import COMMAND_BUFFERS
 from benchmarks.gpu_check.stages import BY_NAME, STAGES
+
+
+def positive_ints(text: str) -> tuple[int, ...]:
+  """'2048,4096' -> (2048, 4096); '' -> ()."""
+  try:
+    values = tuple(int(t) for t in text.split(",") if t)
+  except ValueError:
+    values = (0,)
+  if any(v <= 0 for v in values):
+    raise argparse.ArgumentTypeError(f"must be comma-separated positive integers, got {text!r}")
+  return values
 
 
 def main() -> None:
@@ -25,17 +37,29 @@ def main() -> None:
                  "train, profile and decode stages use (e.g. 3b)")
   p.add_argument("--remat", default="none", help="train and profile: model.remat")
   p.add_argument("--train_tokens", type=int, default=16384, help="train: tokens per step")
-  p.add_argument("--lengths", default="", help="comma-separated T replacing the stage's (GPU)")
+  p.add_argument("--lengths", type=positive_ints, default=(),
+                 help="comma-separated T replacing the stage's (GPU)")
   p.add_argument("--labels", default="auto,other", help="train: kernel=auto and/or the other path")
   p.add_argument("--tag", default="", help="suffix of the output file's name")
   p.add_argument("--cases", default="", help="correctness: the groups to run, e.g. "
                  "gqa:256,packed:256,mha:2048,3b:2048:packed (layout or packed, then T)")
+  p.add_argument("--command_buffers", default="default", help="decode: comma-separated "
+                 "settings of the per-token step's XLA command buffers, among "
+                 f"{','.join(COMMAND_BUFFERS)} (decode.py says what each is)")
+  p.add_argument("--batches", type=positive_ints, default=(),
+                 help="decode: comma-separated batch sizes replacing the stage's (GPU)")
   args = p.parse_args()
-  OPTIONS.update(lengths=[int(t) for t in args.lengths.split(",") if t] or None,
+  command_buffers = tuple(args.command_buffers.split(","))
+  unknown = [s for s in command_buffers if s not in COMMAND_BUFFERS]
+  if unknown:
+    p.error(f"--command_buffers must name settings among {','.join(COMMAND_BUFFERS)}; "
+            f"got {args.command_buffers!r}")
+  OPTIONS.update(lengths=list(args.lengths) or None,
                  labels=tuple(args.labels.split(",")), tag=args.tag,
                  cases=tuple(c for c in args.cases.split(",") if c), size=args.size,
                  train_layers=args.train_layers, remat=args.remat,
-                 train_tokens=args.train_tokens)
+                 train_tokens=args.train_tokens, command_buffers=command_buffers,
+                 batches=args.batches or None)
   out = Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
   for stage in ([s for s in STAGES if s.part] if args.stage == "all" else [BY_NAME[args.stage]]):

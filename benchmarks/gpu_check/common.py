@@ -26,9 +26,11 @@ PACKAGES = ("jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda13-pjrt", "flax", "op
 # Set by main from the command line: lengths (override a stage's GPU lengths), labels (the train
 # stage's groups: auto, other), tag (appended to the output file's name, for a partial rerun),
 # cases (the correctness groups to run), size / train_layers / remat / train_tokens (the
-# preset the model stages build).
+# preset the model stages build), command_buffers and batches (decode: the step's compile
+# settings, the batch sizes replacing the stage's on a GPU).
 OPTIONS: dict = dict(lengths=None, labels=("auto", "other"), tag="", cases=(), size="830m",
-                     train_layers=12, remat="none", train_tokens=16384)
+                     train_layers=12, remat="none", train_tokens=16384,
+                     command_buffers=("default",), batches=None)
 
 
 def lengths_or(default: tuple[int, ...]) -> tuple[int, ...]:
@@ -89,19 +91,21 @@ def lower_or_error(fn, *args):
     return e
 
 
-def compile_all(lowered: dict, workers: int) -> dict:
-  """{key: compiled executable or exception}. XLA compiles release the GIL, so a thread pool
-  compiles many programs at once; nothing is timed while this runs."""
-  def one(low):
+def compile_all(lowered: dict, workers: int, options: dict | None = None) -> dict:
+  """{key: compiled executable or exception}; options: {key: XLA compile options} for some keys.
+  XLA compiles release the GIL, so a thread pool compiles many programs at once; nothing is
+  timed while this runs."""
+  def one(key):
+    low = lowered[key]
     if isinstance(low, BaseException):
       return low
     try:
-      return low.compile()
+      return low.compile(compiler_options=(options or {}).get(key) or None)
     except Exception as e:  # recorded per cell
       return e
 
   with ThreadPoolExecutor(max(1, workers)) as pool:
-    return dict(zip(lowered, pool.map(one, lowered.values())))
+    return dict(zip(lowered, pool.map(one, lowered)))
 
 
 def versions() -> dict:

@@ -17,66 +17,98 @@ from diff_transformer.model import cache as kv_cache
 from diff_transformer.model.attention import PAPER_VARIANTS, spec_from_config, variant_class
 from diff_transformer.params import abstract_model
 
+# XLA compile options of the per-token step, by the name `--command_buffers` gives. A command
+# buffer records a program's kernels as one CUDA graph and launches it at once, so it matters
+# where a step is many small kernels, as at batch 1. XLA's own set (default) takes fusions,
+# cuBLAS, custom calls and cuDNN but no loops; the decoder scans its layers (a while loop), so
+# each layer still launches its kernels one by one. `loops` adds loops and conditionals, so the
+# whole step can be one graph; `off` launches every kernel itself.
+COMMAND_BUFFERS = {
+    "default": {},
+    "off": {"xla_gpu_enable_command_buffer": ""},
+    "loops": {"xla_gpu_enable_command_buffer": "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,"
+              "DYNAMIC_SLICE_FUSION,WHILE,CONDITIONAL", "xla_gpu_graph_min_graph_size": 1},
+}
+
 def stage_decode(out: Path, cpu: bool, seconds: float) -> None:
   """Prefill then greedy decoding with the model's KV cache (model.decode), one jitted call per
-  token with the cache donated (updated in place); tokens/s = batch x new tokens / seconds."""
+  token with the cache donated (updated in place); tokens/s = batch x new tokens / seconds. The
+  per-token step is compiled once per `--command_buffers` setting, and the settings are
+  interleaved with the variants in every round."""
   deadline = Deadline(seconds - 10)
-  prompt, new, batches = (32, 8, (4,)) if cpu else (2048, 256, (1, 32))
+  prompt, new, batches = (32, 8, (4,)) if cpu else (2048, 256, OPTIONS["batches"] or (1, 32))
+  settings = OPTIONS["command_buffers"]
   rounds = 2
   rec = Record(out, "decode", prompt_len=prompt, new_tokens=new, batches=batches, rounds=rounds,
-               layers=OPTIONS["train_layers"], note="prefill runs the 'xla' path (an explicit "
-               "decode mask); the per-token steps read the whole cache through it")
+               layers=OPTIONS["train_layers"],
+               command_buffers={s: COMMAND_BUFFERS[s] for s in settings},
+               note="prefill runs the 'xla' path (an explicit decode mask); the per-token steps "
+               "read the whole cache through it")
   models, lowered = _lowered(cpu, prompt, new, batches)
+  programs = {(v, b, "prefill", ""): low for (v, b, name), low in lowered.items()
+              if name == "prefill"}
+  programs.update({(v, b, "step", s): low for (v, b, name), low in lowered.items()
+                   if name == "step" for s in settings})
   start = time.time()
-  compiled = compile_all(lowered, 16)
-  rec.set(compile_s=round(time.time() - start, 1), programs=len(lowered))
-  print(f"decode: {len(lowered)} programs compiled in {time.time() - start:.1f} s", flush=True)
+  compiled = compile_all(programs, 16, options={k: COMMAND_BUFFERS[k[3]] for k in programs
+                                                if k[3]})
+  rec.set(compile_s=round(time.time() - start, 1), programs=len(programs))
+  print(f"decode: {len(programs)} programs compiled in {time.time() - start:.1f} s", flush=True)
   for variant, m in models.items():
     spec = m["spec"]
     m["state"] = jax.jit(lambda spec=spec: nnx.split(build_model(spec, nnx.Rngs(0)))[1])()
   print(f"decode: models built at {time.time() - start:.1f} s", flush=True)
+  runs = [(v, s) for s in settings for v in models]
   for batch in batches:
-    times = {v: dict(prefill=[], decode=[]) for v in models}
-    failed = {v: error_text(compiled[(v, batch, n)]) for v in models for n in ("prefill", "step")
-              if isinstance(compiled[(v, batch, n)], BaseException)}
+    times = {run: dict(prefill=[], decode=[]) for run in runs}
+    failed = {(v, s): error_text(compiled[key]) for v, s in runs
+              for key in ((v, batch, "prefill", ""), (v, batch, "step", s))
+              if isinstance(compiled[key], BaseException)}
     tokens = jnp.asarray(np.random.default_rng(batch).integers(
         0, 256, (batch, prompt), dtype=np.int32))
     for r in range(rounds + 1):  # round 0 warms up (two steps)
-      for variant, m in models.items():
-        if variant in failed or deadline.left() < 0:
+      for variant, setting in runs:
+        if (variant, setting) in failed or deadline.left() < 0:
           continue
+        step = compiled[(variant, batch, "step", setting)]
         try:
-          cache = new_cache(m["spec"], batch, prompt + new)
+          cache = new_cache(models[variant]["spec"], batch, prompt + new)
           t0 = time.perf_counter()
-          tok, cache = compiled[(variant, batch, "prefill")](m["state"], tokens, cache)
+          tok, cache = compiled[(variant, batch, "prefill", "")](models[variant]["state"],
+                                                                  tokens, cache)
           tok.block_until_ready()
           t1 = time.perf_counter()
           for _ in range(new if r else 2):
-            tok, cache = compiled[(variant, batch, "step")](m["state"], tok, cache)
+            tok, cache = step(models[variant]["state"], tok, cache)
           tok.block_until_ready()
           t2 = time.perf_counter()
         except Exception as e:  # e.g. out of memory at batch 32
-          failed[variant] = error_text(e)
+          failed[(variant, setting)] = error_text(e)
           continue
         if r:
-          times[variant]["prefill"].append(t1 - t0)
-          times[variant]["decode"].append(t2 - t1)
+          times[(variant, setting)]["prefill"].append(t1 - t0)
+          times[(variant, setting)]["decode"].append(t2 - t1)
       print(f"decode: batch {batch} round {r} done at {time.time() - start:.1f} s", flush=True)
-    base = times["transformer"]["decode"]
-    for variant in models:
-      cell = dict(variant=variant, batch=batch)
-      if variant in failed:
-        rec.add(dict(cell, error=failed[variant]))
+    for variant, setting in runs:
+      cell = dict(variant=variant, batch=batch, command_buffers=setting)
+      if (variant, setting) in failed:
+        rec.add(dict(cell, error=failed[(variant, setting)]))
         continue
-      dec = times[variant]["decode"]
+      dec = times[(variant, setting)]["decode"]
       if not dec:
         rec.add(dict(cell, skipped="stage time cap"))
         continue
-      cell.update(prefill_s=spread(times[variant]["prefill"]), decode_s=spread(dec),
+      prefill = times[(variant, setting)]["prefill"]
+      cell.update(prefill_s=spread(prefill), decode_s=spread(dec),
                   decode_tokens_per_s=batch * new / float(np.median(dec)),
-                  prefill_tokens_per_s=batch * prompt / float(np.median(times[variant]["prefill"])))
-      if len(base) == len(dec):
-        cell["decode_vs_transformer"] = spread([b / t for t, b in zip(dec, base)])
+                  prefill_tokens_per_s=batch * prompt / float(np.median(prefill)))
+      # Ratios of the same round's times: to the Transformer under the same setting, and to
+      # the same variant under XLA's default setting.
+      for field, base in (("decode_vs_transformer", ("transformer", setting)),
+                          ("decode_vs_default", (variant, "default"))):
+        base_dec = times.get(base, {}).get("decode", [])
+        if base != (variant, setting) and len(base_dec) == len(dec):
+          cell[field] = spread([b / t for t, b in zip(dec, base_dec)])
       rec.add(cell)
 
 
