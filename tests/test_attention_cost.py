@@ -106,3 +106,27 @@ def test_auto_choice_per_platform():
   with auto.target_platform("tpu"):  # an ahead-of-time TPU compile on this CPU host
     assert auto.choose(q, k, shape(64)) == "pallas"
   assert auto.choose(q, k, shape(64)) == "xla"
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_cudnn_exact_flops_count_the_calls_its_layout_makes(packed):
+  """DIFF V1's exact cuDNN layout: one call over [q1; q2] at the model's widths unpacked; packed,
+  the values split into q-wide halves (QK^T twice). The count of what reaches cuDNN (each call a
+  one-map attention of its own shapes) is what executed_flops reports."""
+  from diff_transformer.kernels import cudnn
+  from tests.helpers.kernels import exact_cpu_attention
+  B, T, N, d = 1, 16, 2, 8
+  calls = []
+
+  def recording_core(q, k, v, **kw):
+    calls.append((q, k, v))
+    return exact_cpu_attention(q, k, v, **kw)
+
+  q1, k1 = jnp.ones((B, T, N, d)), jnp.ones((B, T, N, d))
+  v = jnp.ones((B, T, N, 2 * d))
+  seg = jnp.asarray([[1] * 5 + [2] * 11]) if packed else None
+  cudnn.attention(q1, k1, v, q1, k1, 0.5, core=recording_core, segment_ids=seg)
+  counted = sum(executed_flops("cudnn", q, k, v_, backward=True, cudnn_exact=True)
+                for q, k, v_ in calls)
+  assert counted == executed_flops("cudnn", q1, k1, v, q1, backward=True, cudnn_exact=True,
+                                   packed=packed)

@@ -229,6 +229,37 @@ def test_packed_segments_give_each_run_its_offset_and_length():
   assert got["kv_offsets"] == got["q_offsets"] and got["kv_seqlen"] == got["q_seqlen"]
 
 
+@pytest.mark.parametrize("case", ["v1", "v2", "mqa"])
+def test_a_packed_cudnn_call_has_every_operand_at_the_query_heads_and_width(case):
+  """jax gives cuDNN one per-token stride for q and the output and one for k and v, so the exact
+  layout's packed calls must not carry GQA heads or wider values (an unpacked call may); the
+  numbers stay the float64 oracle's (test_kernels_match_float64_on_fresh_inputs)."""
+  from tests.helpers.kernels import exact_cpu_attention
+  calls = []
+
+  def recording_core(q, k, v, **kw):
+    calls.append((q.shape[2:], k.shape[2:], v.shape[2:], kw.get("q_offsets") is not None))
+    return exact_cpu_attention(q, k, v, **kw)
+
+  rng = np.random.default_rng(seed_of("packed strides", case))
+  H, K, dk = 4, (1 if case == "mqa" else 2), 8
+  dv = 2 * dk if case == "v1" else dk
+  q1, q2 = jnp.asarray(rng.normal(size=(2, B, T, H, dk)), jnp.float32)
+  k1, k2 = jnp.asarray(rng.normal(size=(2, B, T, K, dk)), jnp.float32)
+  v = jnp.asarray(rng.normal(size=(B, T, K, dv)), jnp.float32)
+  lam = 0.37 if case == "v1" else jnp.asarray(rng.uniform(size=(B, T, H)), jnp.float32)
+  args = (q1, k1, v, q2, k2 if case == "v1" else None, lam)
+  for separate in (False, True):
+    for seg in (None, jnp.asarray(SEG)):
+      got = cudnn.attention(*args, core=recording_core, separate_calls=separate, segment_ids=seg)
+      want = ref.diff_kernel(*(None if a is None else np.asarray(a, np.float64) for a in args),
+                             seg=None if seg is None else SEG, causal=True)
+      assert rel_err(got, want) < 1e-5
+  packed = [c for c in calls if c[3]]
+  assert packed and all(q == k == v for q, k, v, _ in packed), packed
+  assert any(k != q or v != q for q, k, v, is_packed in calls if not is_packed)  # unpacked: as is
+
+
 def test_the_cudnn_kernel_says_once_which_layout_runs_and_why(capsys):
   """On this host (no CUDA GPU) the exact layout is refused with its reason and the padded one
   is chosen; the line comes once per process (the padded call itself then needs a GPU)."""

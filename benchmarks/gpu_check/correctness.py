@@ -34,8 +34,11 @@ TOLERANCE = {"float32": 2e-3, "bfloat16": 2e-2}
 
 def paths(cpu: bool, configs: dict | None = None) -> dict:
   """name -> kernel function of the contract (kernels/common.py). 'cudnn' is what the model
-  runs (the exact layout where cudnn.exact_reason() allows it), 'cudnn_padded' the padded layout
-  and 'cudnn_two_calls' DIFF V1's maps as two calls sharing v. On CPU Pallas is interpreted,
+  runs (the exact layout where cudnn.exact_reason() allows it), 'cudnn_padded' the padded layout,
+  'cudnn_two_calls' DIFF V1's maps as two calls sharing v, and 'cudnn_packed_as_is' packed rows
+  with GQA heads and wider values passed to cuDNN as they are (whether jax and XLA offset each
+  operand by its own stride: if it passes, the exact layout needs no equal-width packed call).
+  On CPU Pallas is interpreted,
   'cudnn' runs the padded layout through XLA and 'cudnn_exact_layout' the exact layout with an
   exact CPU attention in cuDNN's place."""
   out = {"reference": reference.attention, "xla": xla.attention}
@@ -49,6 +52,7 @@ def paths(cpu: bool, configs: dict | None = None) -> dict:
     if not cudnn.exact_reason():
       out["cudnn_padded"] = functools.partial(cudnn.attention, padded=True)
       out["cudnn_two_calls"] = functools.partial(cudnn.attention, separate_calls=True)
+      out["cudnn_packed_as_is"] = functools.partial(cudnn.attention, packed_as_is=True)
   return out
 
 
@@ -173,6 +177,8 @@ def stage_correctness(out: Path, cpu: bool, seconds: float) -> None:
         seg = jax.ShapeDtypeStruct((batch, g["T"]), jnp.int32) if g["packed"] else None
         do = jax.ShapeDtypeStruct(out_struct(p), p.q1.dtype)
         for path, kernel in kernels.items():
+          if path == "cudnn_packed_as_is" and seg is None:  # unpacked, it is 'cudnn' itself
+            continue
           key = (path, signature(names, structs, seg))
           if key not in compiled:
             lowered[key] = lower_or_error(fwd_bwd(kernel, names), structs, do, seg)

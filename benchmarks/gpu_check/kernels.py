@@ -33,6 +33,7 @@ def stage_kernels(out: Path, cpu: bool, seconds: float) -> None:
   rounds, inner = (2, 1) if cpu else (7, 3)
   kernels = paths(cpu, None if cpu else PALLAS_CONFIGS)
   kernels.pop("reference")
+  kernels.pop("cudnn_packed_as_is", None)  # timed only once the correctness stage passes it
   rec = Record(out, "kernels", tokens_per_call=tokens, lengths=lengths, rounds=rounds,
                inner=inner, paths=list(kernels), dtype="bfloat16",
                shapes_from=f"configs/scaling.py <variant>-{OPTIONS['size']}" if not cpu
@@ -114,7 +115,8 @@ def _cells(kernels: dict, tokens: int, lengths: tuple[int, ...], cpu: bool) -> t
                           shapes={n: list(s.shape) for n, s in zip(names, structs)},
                           model_flops=model_flops,
                           executed_flops=executed_flops(base_path, p.q1, p.k1, p.v, p.q2,
-                                                        backward=True, cudnn_exact=exact),
+                                                        backward=True, cudnn_exact=exact,
+                                                        packed=True),
                           structs=(structs, do)))
   return cells, lowered
 

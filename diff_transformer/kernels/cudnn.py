@@ -10,7 +10,9 @@ The two softmax maps become extra query heads of ONE call:
   with cuDNN >= 9.10 and compute capability 9.0+): q/k at the model's width with values wider
   (cuDNN's "MLA" case: DIFF V1's d and 2d), and packed rows as cuDNN's packed layout (each
   contiguous run of one segment id a sequence of its own: `packed_segments`), so no dense
-  [B, 1, T, T] mask and no bias gradient.
+  [B, 1, T, T] mask and no bias gradient. Packed offsets hold for one per-token stride only, so
+  a packed call has every operand at q's heads and width (`_exact`): DIFF V1's 2d-wide values
+  as two d-wide halves, GQA's k/v heads repeated.
 - **padded** (elsewhere, and for an explicit decoding mask): `jax.nn.dot_product_attention`,
   which wants values as wide as keys: q and k are zero-padded to the value width (the scale stays
   1/sqrt(d), so the logits are unchanged) and segment ids become a dense mask.
@@ -89,9 +91,28 @@ def cudnn_exact(q, k, v, *, scale, causal, q_seqlen=None, kv_seqlen=None, q_offs
                                      mask_type=mask_type)
 
 
-def _exact(core, q, k, v, *, scale, causal, segment_ids) -> Array:
-  packed = {} if segment_ids is None else packed_segments(segment_ids)
-  return core(q, k, v, scale=scale, causal=causal, **packed)
+def _exact(core, q, k, v, *, scale, causal, segment_ids, as_is: bool = False) -> Array:
+  if segment_ids is None:
+    return core(q, k, v, scale=scale, causal=causal)
+  packed = packed_segments(segment_ids)
+  heads, width = q.shape[2], q.shape[3]
+  parts = v.shape[3] // width
+  if as_is or (k.shape[2] == heads and v.shape[3] == width):
+    return core(q, k, v, scale=scale, causal=causal, **packed)
+  # Packed rows: jax turns the token offsets into element offsets with ONE per-token stride for
+  # q and the output and one for k and v (XLA reads Q/O and K/V at them), so every operand must
+  # have q's heads and width. GQA's k/v heads are repeated (autodiff sums their gradients back),
+  # and values `parts` times as wide as q become `parts` heads of q's width: [q; q], [k; k],
+  # [v_1; v_2] in one call, the outputs' halves put back side by side.
+  if k.shape[2] != heads:
+    k, v = (jnp.repeat(x, heads // k.shape[2], axis=2) for x in (k, v))
+  if parts * width != v.shape[3]:
+    raise ValueError(f"cudnn packed rows: value width {v.shape[3]} is not a multiple of the "
+                     f"query width {width}")
+  o = core(jnp.concatenate([q] * parts, axis=2), jnp.concatenate([k] * parts, axis=2),
+           jnp.concatenate(jnp.split(v, parts, axis=3), axis=2), scale=scale, causal=causal,
+           **packed)
+  return jnp.concatenate(jnp.split(o, parts, axis=2), axis=3)
 
 
 def _padded(q, k, v, *, scale, causal, segment_ids, mask, implementation) -> Array:
@@ -109,12 +130,14 @@ def _padded(q, k, v, *, scale, causal, segment_ids, mask, implementation) -> Arr
 
 def attention(q1, k1, v, q2=None, k2=None, lam=None, *, segment_ids=None, causal=True, scale=None,
               mask=None, implementation: str = "cudnn", core=None, padded: bool = False,
-              separate_calls: bool = False) -> Array:
+              separate_calls: bool = False, packed_as_is: bool = False) -> Array:
   """The kernel contract (kernels/common.py) through cuDNN. `core`: the exact layout's attention
   call (default `cudnn_exact` where `exact_reason()` allows it; the tests put an exact CPU
   attention in cuDNN's place); `padded`: the padded layout even where the exact one runs;
   `separate_calls`: DIFF V1's two maps as two calls sharing v instead of one call over [v; v]
-  (the GPU check times all three)."""
+  (the GPU check times all three); `packed_as_is`: packed rows go to cuDNN with GQA heads and
+  wider values as they are (wrong offsets unless jax and XLA scale each operand's own stride:
+  the GPU check runs it to find out)."""
   common.check_shapes(q1, k1, v, q2, k2, lam)
   scale = common.default_scale(q1, scale)
   if core is None and implementation == "cudnn" and mask is None and not padded:
@@ -124,7 +147,8 @@ def attention(q1, k1, v, q2=None, k2=None, lam=None, *, segment_ids=None, causal
               else f"cudnn: padded layout (q/k padded to the value width, a dense segment mask): "
                    f"{why}")
   if core is not None:
-    call = functools.partial(_exact, core, scale=scale, causal=causal, segment_ids=segment_ids)
+    call = functools.partial(_exact, core, scale=scale, causal=causal, segment_ids=segment_ids,
+                             as_is=packed_as_is)
   else:
     call = functools.partial(_padded, scale=scale, causal=causal, segment_ids=segment_ids,
                              mask=mask, implementation=implementation)

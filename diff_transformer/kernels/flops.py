@@ -18,9 +18,11 @@ from diff_transformer.kernels import cudnn, xla
 
 def executed_flops(implementation: str, q1, k1, v, q2=None, *, causal: bool = True,
                    backward: bool = False, block_q: int = xla.BLOCK_Q,
-                   cudnn_exact: bool | None = None) -> float:
+                   cudnn_exact: bool | None = None, packed: bool = False) -> float:
   """FLOPs of one call (forward, or forward + backward); inputs may be ShapeDtypeStructs.
-  `cudnn_exact`: whether 'cudnn' runs its exact layout (None: as it would on this host)."""
+  `cudnn_exact`: whether 'cudnn' runs its exact layout (None: as it would on this host);
+  `packed`: rows of packed documents (segment ids), where the exact layout splits values wider
+  than q/k into q-wide parts and repeats QK^T for each (kernels/cudnn.py `_exact`)."""
   batch, q_len, heads, key_width = q1.shape
   kv_len, value_width = k1.shape[1], v.shape[-1]
   maps = 1 if q2 is None else 2
@@ -37,6 +39,8 @@ def executed_flops(implementation: str, q1, k1, v, q2=None, *, causal: bool = Tr
   elif implementation == "cudnn":
     exact = not cudnn.exact_reason() if cudnn_exact is None else cudnn_exact
     padded = key_width if exact else max(key_width, value_width)
+    if exact and packed:
+      padded = key_width * max(1, value_width // key_width)
     qk, pv = maps * padded, maps * value_width
   else:
     raise ValueError(f"model.kernel: no FLOP count for kernel '{implementation}'")

@@ -60,7 +60,8 @@ def start_logging(run: Run, bar: bool = True) -> tuple[MetricsLogger, RateWindow
   seq_len = run.dataset.seq_len
   tokens_per_step = t.global_batch_size * seq_len
   flops_per_step = train_flops_per_token(spec, seq_len) * tokens_per_step
-  executed_per_token, kernel = executed_flops_per_token(spec, seq_len)
+  executed_per_token, kernel = executed_flops_per_token(spec, seq_len,
+                                                        packed=run.trainer.packed_rows)
   # Only process 0 logs MFU; a calibration in every process of a host would also measure the
   # others' concurrent calibrations.
   peak_tflops, peak_source = (peak_tflops_per_device(t.peak_tflops, config.model.dtype)

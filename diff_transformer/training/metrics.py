@@ -60,16 +60,18 @@ def kernel_inputs(spec: ModelSpec, seq_len: int, batch: int = 1):
       x, pos), x, positions)
 
 
-def executed_flops_per_token(spec: ModelSpec, seq_len: int) -> tuple[float, str]:
+def executed_flops_per_token(spec: ModelSpec, seq_len: int, packed: bool = False
+                             ) -> tuple[float, str]:
   """(matmul FLOPs per token the compiled train step executes, the attention kernel that runs):
   6 x matmul weights plus what the chosen kernel computes (kernels/flops.py) per layer, plus what
   the remat policy recomputes in the backward: `full` the blocks' forward (weights and
   attention), `dots_with_no_batch_dims_saveable` the attention's forward (its products have batch
-  dimensions), `dots_saveable` nothing."""
+  dimensions), `dots_saveable` nothing. `packed`: rows of packed documents (text)."""
   p = kernel_inputs(spec, seq_len)
   kernel = kernels.resolve(spec.kernel, p.q1, p.k1, p.v)
   flops = lambda backward: kernels.executed_flops(kernel, p.q1, p.k1, p.v, p.q2,
-                                                  backward=backward) / seq_len * spec.num_layers
+                                                  backward=backward, packed=packed
+                                                  ) / seq_len * spec.num_layers
   weights = matmul_params(spec)
   total = 6.0 * weights + flops(True)
   if spec.remat == "full":  # the blocks' weights: all but the LM head
