@@ -63,17 +63,20 @@ def paper_config(variant: str, *, seq_len: int, batch: int, layers: int, kernel:
 
 
 def interleaved_times(calls: dict, rounds: int, inner: int = 1, deadline=None,
-                      after_round=None) -> dict:
-  """{key: [seconds per call, one per round]}: each call warmed once, then A B C, A B C, ...
-  so a change in the device's state hits every call alike. `deadline` (with .left()) ends the
-  rounds early once every call has one; `after_round(r)` runs between rounds, untimed."""
-  for call in calls.values():
+                      after_round=None, before_call=None, warm: bool = True) -> dict:
+  """{key: [seconds per call, one per round]}: each call warmed once (unless `warm` is False),
+  then A B C, A B C, ... so a change in the device's state hits every call alike. `deadline`
+  (with .left()) ends the rounds early once every call has one; `after_round(r)` runs between
+  rounds, untimed; `before_call(key)` runs before each call's timed steps, untimed."""
+  for call in calls.values() if warm else ():
     jax.block_until_ready(call())
   times = {k: [] for k in calls}
   for r in range(rounds):
     if deadline is not None and deadline.left() < 0 and all(times.values()):
       break
     for k, call in calls.items():
+      if before_call is not None:
+        before_call(k)
       start = time.perf_counter()
       for _ in range(inner):
         out = call()

@@ -115,3 +115,17 @@ def test_an_unknown_command_buffer_setting_is_refused_before_any_stage_runs(tmp_
   assert "--command_buffers must name settings among default,off,loops; got 'default,lops'" in (
       proc.stderr.splitlines()[-1])
   assert "== decode" not in proc.stdout and not list(tmp_path.iterdir())
+
+
+def test_the_train_stage_can_make_one_state_at_a_time(tmp_path, monkeypatch):
+  """Where the variants' states do not fit on the device together (the 3B presets), each turn
+  makes a fresh state and drops it after; the rounds still interleave the variants."""
+  from benchmarks.gpu_check import common, train
+  monkeypatch.setitem(common.OPTIONS, "states", "one")
+  monkeypatch.setitem(common.OPTIONS, "labels", ("auto",))
+  train.stage_train(tmp_path, cpu=True, seconds=240)
+  record = json.loads((tmp_path / "gpu_check_train.json").read_text())
+  assert record["states"] == "one at a time" and record["orbax"].startswith("not run")
+  assert {c["variant"] for c in record["cells"] if c["tokens_per_s"] > 0} == {
+      "transformer", "diff", "shared_diff", "diff_v2"}
+  assert all(c["step_s"]["n"] == record["rounds"] for c in record["cells"])

@@ -24,6 +24,13 @@ def positive_ints(text: str) -> tuple[int, ...]:
   return values
 
 
+def positive_int(text: str) -> int:
+  values = positive_ints(text)
+  if len(values) != 1:
+    raise argparse.ArgumentTypeError(f"must be one positive integer, got {text!r}")
+  return values[0]
+
+
 def main() -> None:
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--stage", choices=(*BY_NAME, "all"), default="all",
@@ -37,6 +44,10 @@ def main() -> None:
                  "train, profile and decode stages use (e.g. 3b)")
   p.add_argument("--remat", default="none", help="train and profile: model.remat")
   p.add_argument("--train_tokens", type=int, default=16384, help="train: tokens per step")
+  p.add_argument("--rounds", type=positive_int, default=5, help="train: timed rounds (GPU)")
+  p.add_argument("--states", choices=("auto", "all", "one"), default="auto",
+                 help="train: every variant's state on the device through the rounds, or one "
+                 "at a time (auto: one where they would fill over half its memory)")
   p.add_argument("--lengths", type=positive_ints, default=(),
                  help="comma-separated T replacing the stage's (GPU)")
   p.add_argument("--labels", default="auto,other", help="train: kernel=auto and/or the other path")
@@ -58,7 +69,9 @@ def main() -> None:
                  labels=tuple(args.labels.split(",")), tag=args.tag,
                  cases=tuple(c for c in args.cases.split(",") if c), size=args.size,
                  train_layers=args.train_layers, remat=args.remat,
-                 train_tokens=args.train_tokens, command_buffers=command_buffers,
+                 train_tokens=args.train_tokens, states=args.states,
+                 rounds=args.rounds,
+                 command_buffers=command_buffers,
                  batches=args.batches or None)
   out = Path(args.out)
   out.mkdir(parents=True, exist_ok=True)

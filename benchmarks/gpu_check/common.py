@@ -26,10 +26,12 @@ PACKAGES = ("jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda13-pjrt", "flax", "op
 # Set by main from the command line: lengths (override a stage's GPU lengths), labels (the train
 # stage's groups: auto, other), tag (appended to the output file's name, for a partial rerun),
 # cases (the correctness groups to run), size / train_layers / remat / train_tokens (the
-# preset the model stages build), command_buffers and batches (decode: the step's compile
-# settings, the batch sizes replacing the stage's on a GPU).
+# preset the model stages build), states and rounds (train: all | one | auto, as
+# train.one_state_at_a_time says; its timed rounds on a GPU),
+# command_buffers and batches (decode: the step's compile settings, the batch sizes replacing
+# the stage's on a GPU).
 OPTIONS: dict = dict(lengths=None, labels=("auto", "other"), tag="", cases=(), size="830m",
-                     train_layers=12, remat="none", train_tokens=16384,
+                     train_layers=12, remat="none", train_tokens=16384, states="auto", rounds=5,
                      command_buffers=("default",), batches=None)
 
 

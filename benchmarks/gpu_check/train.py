@@ -44,7 +44,7 @@ def stage_train(out: Path, cpu: bool, seconds: float, timing: bool = True) -> No
   """timing=False: only the orbax check (DIFF V1, kernel=auto, the first length)."""
   deadline = Deadline(seconds - 10)
   tokens, lengths = (64, (32,)) if cpu else (OPTIONS["train_tokens"], lengths_or((2048, 4096)))
-  rounds, steps = (2, 1) if cpu else (5, 3)
+  rounds, steps = (2, 1) if cpu else (OPTIONS["rounds"], 3)
   peak, peak_source = peak_tflops_per_device(0.0, "bfloat16")
   layers = OPTIONS["train_layers"]
   rec = Record(out, "train" if timing else "train_orbax", layers=layers, tokens_per_step=tokens,
@@ -74,13 +74,16 @@ def stage_train(out: Path, cpu: bool, seconds: float, timing: bool = True) -> No
           spec = trainer.spec
           run.update(trainer=trainer, data=data, params=count(spec)["params"],
                      model_flops=train_flops_per_token(spec, T) * batch * T,
-                     executed_flops=executed_flops_per_token(spec, T)[0] * batch * T)
+                     executed_flops=executed_flops_per_token(
+                         spec, T, packed=trainer.packed_rows)[0] * batch * T)
         except Exception as e:  # recorded per run
           lowered[len(runs)] = e
         runs.append(run)
   start = time.time()
   compiled = compile_all(lowered, 16)
   rec.set(compile_s=round(time.time() - start, 1), programs=len(lowered))
+  one_state, state_gib = one_state_at_a_time(runs)
+  rec.set(states="one at a time" if one_state else "all resident", state_gib=state_gib)
   states = {}
   for T in lengths:
     for label in ("auto", "other"):
@@ -90,18 +93,20 @@ def stage_train(out: Path, cpu: bool, seconds: float, timing: bool = True) -> No
         if isinstance(compiled[i], BaseException):
           r["error"] = error_text(compiled[i])
           continue
-        if r["variant"] not in states:
+        if r["variant"] not in states and not one_state:
           states[r["variant"]] = r["trainer"].init()
         ready[i] = r
       if timing and deadline.left() > 0 and ready:
-        _time_group(ready, compiled, states, rounds, steps, peak * 1e12)
+        _time_group(ready, compiled, states, rounds, steps, peak * 1e12, one_state)
       for i, r in group if timing else ():
         rec.add({k: v for k, v in r.items() if k not in ("trainer", "data")}
                 | ({} if i in ready or "error" in r else dict(skipped="stage time cap")))
   rec.set(summary=train_summary(rec.data["cells"]))
   diff_run = next((i for i, r in enumerate(runs) if r["variant"] == "diff" and r["label"] == "auto"
                    and not isinstance(compiled[i], BaseException)), None)
-  if diff_run is not None and "diff" in states and deadline.left() > 0:
+  if one_state:
+    rec.set(orbax="not run: the states are trained one at a time (they do not fit together)")
+  elif diff_run is not None and "diff" in states and deadline.left() > 0:
     run = runs[diff_run]
     for variant in [v for v in states if v != "diff"]:  # room for the copies the check makes
       del states[variant]
@@ -113,11 +118,35 @@ def stage_train_orbax(out: Path, cpu: bool, seconds: float) -> None:
   stage_train(out, cpu, seconds, timing=False)
 
 
+def one_state_at_a_time(runs: list[dict]) -> tuple[bool, dict]:
+  """(whether the variants' train states are made one at a time, each variant's state in GiB).
+  OPTIONS['states']: 'all' keeps every variant's state on the device through the rounds, 'one'
+  makes a fresh state before each variant's turn and drops it after, 'auto' takes 'one' where
+  the states would fill more than half the device's memory (the 3B presets' AdamW states)."""
+  gib = {r["variant"]: sum(x.size * x.dtype.itemsize
+                           for x in jax.tree.leaves(r["trainer"].abstract_state)) / 2 ** 30
+         for r in runs if "trainer" in r}
+  gib = {v: round(g, 4) for v, g in gib.items()}
+  if OPTIONS["states"] != "auto":
+    return OPTIONS["states"] == "one", gib
+  limit = (jax.devices()[0].memory_stats() or {}).get("bytes_limit")
+  return bool(limit) and sum(gib.values()) * 2 ** 30 > 0.5 * limit, gib
+
+
 def _time_group(ready: dict, compiled: dict, states: dict, rounds: int, steps: int,
-                peak_flops: float) -> None:
-  """Interleaved rounds over the group's variants; state threads through (donated)."""
+                peak_flops: float, one_state: bool = False) -> None:
+  """Interleaved rounds over the group's variants; state threads through (donated). One state
+  at a time: before each variant's turn the last state is dropped, a fresh one made and
+  stepped once (its warm-up), all untimed; the timed steps run as they would in training."""
   calls = {i: Stepper(compiled[i], r["data"], states, r["variant"]) for i, r in ready.items()}
-  times = interleaved_times(calls, rounds, inner=steps)
+
+  def fresh_state(i):
+    states.clear()
+    states[ready[i]["variant"]] = ready[i]["trainer"].init()
+    jax.block_until_ready(calls[i]())
+
+  times = interleaved_times(calls, rounds, inner=steps,
+                            before_call=fresh_state if one_state else None, warm=not one_state)
   losses = {i: float(call.metrics["loss"]) for i, call in calls.items()}
   base = next((i for i, r in ready.items() if r["variant"] == "transformer"), None)
   for i, r in ready.items():
