@@ -229,11 +229,15 @@ def test_packed_segments_give_each_run_its_offset_and_length():
   assert got["kv_offsets"] == got["q_offsets"] and got["kv_seqlen"] == got["q_seqlen"]
 
 
+@pytest.mark.parametrize("kv_offsets_by_key_heads", [False, True])
 @pytest.mark.parametrize("case", ["v1", "v2", "mqa"])
-def test_a_packed_cudnn_call_has_every_operand_at_the_query_heads_and_width(case):
-  """jax gives cuDNN one per-token stride for q and the output and one for k and v, so the exact
-  layout's packed calls must not carry GQA heads or wider values (an unpacked call may); the
-  numbers stay the float64 oracle's (test_kernels_match_float64_on_fresh_inputs)."""
+def test_a_packed_cudnn_call_has_every_operand_at_the_query_width(case, kv_offsets_by_key_heads,
+                                                                   monkeypatch):
+  """jax gives cuDNN one per-token stride for q and the output and one for k and v, both at q's
+  head width (and, before jax 0.11.2, q's head count), so the exact layout's packed calls must
+  not carry wider values or, there, GQA heads (an unpacked call may); the numbers stay the
+  float64 oracle's."""
+  monkeypatch.setattr(cudnn, "KV_OFFSETS_BY_KEY_HEADS", kv_offsets_by_key_heads)
   from tests.helpers.kernels import exact_cpu_attention
   calls = []
 
@@ -256,7 +260,9 @@ def test_a_packed_cudnn_call_has_every_operand_at_the_query_heads_and_width(case
                              seg=None if seg is None else SEG, causal=True)
       assert rel_err(got, want) < 1e-5
   packed = [c for c in calls if c[3]]
-  assert packed and all(q == k == v for q, k, v, _ in packed), packed
+  assert packed and all(q[1] == k[1] == v[1] for q, k, v, _ in packed), packed  # widths
+  assert all(k[0] == v[0] and (k[0] == q[0] or kv_offsets_by_key_heads)
+             for q, k, v, _ in packed), packed  # heads
   assert any(k != q or v != q for q, k, v, is_packed in calls if not is_packed)  # unpacked: as is
 
 

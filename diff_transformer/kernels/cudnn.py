@@ -10,9 +10,9 @@ The two softmax maps become extra query heads of ONE call:
   with cuDNN >= 9.10 and compute capability 9.0+): q/k at the model's width with values wider
   (cuDNN's "MLA" case: DIFF V1's d and 2d), and packed rows as cuDNN's packed layout (each
   contiguous run of one segment id a sequence of its own: `packed_segments`), so no dense
-  [B, 1, T, T] mask and no bias gradient. Packed offsets hold for one per-token stride only, so
-  a packed call has every operand at q's heads and width (`_exact`): DIFF V1's 2d-wide values
-  as two d-wide halves, GQA's k/v heads repeated.
+  [B, 1, T, T] mask and no bias gradient. Packed offsets hold for q's head width only, so a
+  packed call has its values at q's width (`_exact`): DIFF V1's 2d-wide values as two d-wide
+  halves (and, before jax 0.11.2, GQA's k/v heads repeated).
 - **padded** (elsewhere, and for an explicit decoding mask): `jax.nn.dot_product_attention`,
   which wants values as wide as keys: q and k are zero-padded to the value width (the scale stays
   1/sqrt(d), so the logits are unchanged) and segment ids become a dense mask.
@@ -29,6 +29,9 @@ from diff_transformer.kernels import common
 
 Array = jax.Array
 MLA_MIN_CUDNN = 91000  # cuDNN 9.10: values wider than q/k (jax's "mla" check)
+# Packed rows: jax offsets k and v by the key's head count from 0.11.2 (earlier, by the
+# query's, which misplaces GQA's keys); by q's head width in every version.
+KV_OFFSETS_BY_KEY_HEADS = jax.__version_info__ >= (0, 11, 2)
 _SAID: set[str] = set()
 
 
@@ -97,14 +100,16 @@ def _exact(core, q, k, v, *, scale, causal, segment_ids, as_is: bool = False) ->
   packed = packed_segments(segment_ids)
   heads, width = q.shape[2], q.shape[3]
   parts = v.shape[3] // width
-  if as_is or (k.shape[2] == heads and v.shape[3] == width):
+  kv_heads_ok = k.shape[2] == heads or KV_OFFSETS_BY_KEY_HEADS
+  if as_is or (kv_heads_ok and v.shape[3] == width):
     return core(q, k, v, scale=scale, causal=causal, **packed)
   # Packed rows: jax turns the token offsets into element offsets with ONE per-token stride for
-  # q and the output and one for k and v (XLA reads Q/O and K/V at them), so every operand must
-  # have q's heads and width. GQA's k/v heads are repeated (autodiff sums their gradients back),
-  # and values `parts` times as wide as q become `parts` heads of q's width: [q; q], [k; k],
-  # [v_1; v_2] in one call, the outputs' halves put back side by side.
-  if k.shape[2] != heads:
+  # q and the output and one for k and v (XLA reads Q/O and K/V at them), both at q's head
+  # width, so the values must be as wide as q (and, before jax 0.11.2, k/v have q's heads: GQA's
+  # are repeated, autodiff summing their gradients back). Values `parts` times as wide as q
+  # become `parts` heads of q's width: [q; q], [k; k], [v_1; v_2] in one call, the outputs'
+  # halves put back side by side.
+  if not kv_heads_ok:
     k, v = (jnp.repeat(x, heads // k.shape[2], axis=2) for x in (k, v))
   if parts * width != v.shape[3]:
     raise ValueError(f"cudnn packed rows: value width {v.shape[3]} is not a multiple of the "
