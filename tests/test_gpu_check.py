@@ -18,15 +18,20 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory) -> dict:
+def check_folder(tmp_path_factory) -> Path:
   out = tmp_path_factory.mktemp("gpu_check")
   proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--stage", "all", "--cpu",
                          "--seconds", "240", "--command_buffers=default,loops",
                          "--out", str(out)], cwd=ROOT, capture_output=True,
                         text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  return out
+
+
+@pytest.fixture(scope="module")
+def results(check_folder) -> dict:
   return {p.stem.removeprefix("gpu_check_"): json.loads(p.read_text())
-          for p in out.glob("gpu_check_*.json")}
+          for p in check_folder.glob("gpu_check_*.json")}
 
 
 def test_every_stage_wrote_its_record(results):
@@ -78,6 +83,21 @@ def test_profile_sums_each_variants_kernels_by_class(results):
     assert c["step_ms"] > 0 and c["kernels"] and set(c["ms"]) <= {*profile["classes"]}
     assert c["busy_ms"] == pytest.approx(sum(c["ms"].values()), abs=0.01)
   assert set(profile["extra_ms_vs_transformer"]) == {"diff", "shared_diff", "diff_v2"}
+  from benchmarks.gpu_check.profile import KERNEL_CLASSES
+  for c in profile["cells"]:  # XLA's own work, each kernel once, summing to the class
+    names = [k["name"] for k in c["other_kernels"]]
+    assert names and len(set(names)) == len(names)
+    assert not any(rx.search(n) for n in names for _, rx in KERNEL_CLASSES)
+    assert sum(k["ms"] for k in c["other_kernels"]) <= c["ms"]["other"] + 0.01 * len(names)
+
+
+def test_profile_saves_each_steps_optimised_hlo(results, check_folder):
+  import gzip
+  hlo = results["profile"]["hlo"]
+  assert set(hlo) == {"transformer", "diff", "shared_diff", "diff_v2"}
+  for name in hlo.values():
+    text = gzip.decompress((check_folder / name).read_bytes()).decode()
+    assert text.startswith("HloModule") and "ENTRY" in text
 
 
 @pytest.mark.parametrize("stages,status,words", [

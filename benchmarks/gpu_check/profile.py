@@ -1,7 +1,9 @@
 """The profile stage: where a train step's time goes, a jax.profiler trace of a few steps per
-variant with its device kernels summed by name and by class."""
+variant with its device kernels summed by name and by class, the "other" class (XLA's own
+fusions) listed, and each step's optimised HLO saved beside the record."""
 from __future__ import annotations
 
+import gzip
 import re
 import shutil
 import tempfile
@@ -44,7 +46,9 @@ def stage_profile(out: Path, cpu: bool, seconds: float) -> None:
     lowered[variant] = trainer.lower_train_step(data)
   start = time.time()
   compiled = compile_all(lowered, 16)
-  rec.set(compile_s=round(time.time() - start, 1))
+  rec.set(compile_s=round(time.time() - start, 1),
+          hlo={v: save_hlo(out, v, c) for v, c in compiled.items()
+               if not isinstance(c, BaseException)})
   for variant, r in runs.items():
     if deadline.left() < 0:
       rec.add(dict(variant=variant, skipped="stage time cap"))
@@ -78,6 +82,14 @@ def stage_profile(out: Path, cpu: bool, seconds: float) -> None:
         for c in rec.data["cells"] if "ms" in c and c is not base})
 
 
+def save_hlo(out: Path, variant: str, compiled) -> str:
+  """The compiled step's optimised HLO, gzipped beside the record (which fusions XLA made:
+  the kernels' hlo_op names point into it); returns the file's name."""
+  path = out / f"gpu_check_profile_hlo_{variant}{OPTIONS['tag']}.txt.gz"
+  path.write_bytes(gzip.compress(compiled.as_text().encode()))
+  return path.name
+
+
 def kernel_times(folder: Path, steps: int, top: int = 25) -> dict:
   """Per-step milliseconds of the trace's device kernels: by class and the `top` kernels by name.
   On a GPU the kernels are the device plane's stream lines (its derived "XLA Ops"/"XLA Modules"
@@ -102,7 +114,10 @@ def kernel_times(folder: Path, steps: int, top: int = 25) -> dict:
   for name, slot in by_name.items():
     kind = next((k for k, rx in KERNEL_CLASSES if rx.search(name)), "other")
     ms[kind] = ms.get(kind, 0.0) + slot["ns"] / 1e6 / steps
-  ranked = sorted(by_name.items(), key=lambda kv: -kv[1]["ns"])[:top]
+  ranked = sorted(by_name.items(), key=lambda kv: -kv[1]["ns"])
+  row = lambda n, s: dict(name=n[:160], hlo_op=s["hlo_op"], ms=round(s["ns"] / 1e6 / steps, 3),
+                          calls=s["calls"] / steps)
+  other = [(n, s) for n, s in ranked if not any(rx.search(n) for _, rx in KERNEL_CLASSES)]
   return dict(busy_ms=round(sum(ms.values()), 3), ms={k: round(v, 3) for k, v in ms.items()},
-              kernels=[dict(name=n[:160], hlo_op=s["hlo_op"], ms=round(s["ns"] / 1e6 / steps, 3),
-                            calls=s["calls"] / steps) for n, s in ranked])
+              kernels=[row(n, s) for n, s in ranked[:top]],
+              other_kernels=[row(n, s) for n, s in other[:2 * top]])
