@@ -116,6 +116,27 @@ def throughput_table() -> str:
   return "\n".join(out)
 
 
+def gpu_train_table(files: str) -> str:
+  """The GPU check's train cells (benchmarks/results/<file>, comma-separated files), one row
+  each in the order measured: tokens/s, its ratio to the Transformer's of the same group in the
+  same round (median [min-max] over rounds), MFU; a cell not measured says why."""
+  rows = ["| T | group | variant | path | tokens/s | vs Transformer | MFU |",
+          "|---|---|---|---|---|---|---|"]
+  for name in files.split(","):
+    d = _load(name)
+    if d is None:
+      return f"(not measured yet: benchmarks/results/{name})"
+    for c in d["cells"]:
+      head = f"| {c['T']} | {c['label']} | {c['variant']} | {c['runs']} |"
+      if "tokens_per_s" not in c:
+        rows.append(f"{head} {c.get('skipped') or c.get('error', 'not measured')} | | |")
+        continue
+      r = c.get("tokens_per_s_vs_transformer")
+      ratio = f"{r['median']:.3f} [{r['min']:.2f}-{r['max']:.2f}]" if r else "-"
+      rows.append(f"{head} {c['tokens_per_s']:,.0f} | {ratio} | {100 * c['mfu']:.1f}% |")
+  return "\n".join(rows)
+
+
 def _text(relative: str, missing: str) -> str:
   path = os.path.join(ROOT, relative)
   if not os.path.exists(path):
@@ -142,12 +163,20 @@ BLOCKS = {"presets": preset_table, "kernels": kernel_tables, "aot": aot_table,
           "throughput": throughput_table, "eval_report": eval_report, "sweep": sweep_report}
 
 
+# Blocks that name their inputs: <!-- gpu_train:a.json,b.json:begin --> ... :end -->
+BLOCKS_WITH_ARGUMENT = {"gpu_train": gpu_train_table}
+
+
 def render(text: str, page: str = "README.md") -> str:
   """`text` with every block present rendered; links made relative to `page`'s folder."""
   relative = (lambda s: s.replace("](docs/", "](")) if page.startswith("docs/") else (lambda s: s)
   for name, make in BLOCKS.items():
     pattern = re.compile(rf"(<!-- {name}:begin -->\n).*?(<!-- {name}:end -->)", re.S)
     text = pattern.sub(lambda m: m.group(1) + relative(make()) + "\n" + m.group(2), text)
+  for name, make in BLOCKS_WITH_ARGUMENT.items():
+    pattern = re.compile(rf"(<!-- {name}:([^:]+):begin -->\n).*?(<!-- {name}:\2:end -->)", re.S)
+    text = pattern.sub(lambda m: m.group(1) + relative(make(m.group(2))) + "\n" + m.group(3),
+                       text)
   return text
 
 
