@@ -28,19 +28,20 @@ def _git(checkout: Path, *args: str) -> str | None:
   return out.stdout.strip() if out.returncode == 0 else None
 
 
-# Untracked files that are code a run may import or run: the package, the configs, the programs.
+# Files that are code a run may import or run: the package, the configs, the programs. A change
+# elsewhere (a study's records or docs written into the checkout) changes no run's numbers.
 CODE_PATHS = (":(glob)diff_transformer/**/*.py", ":(glob)configs/**/*.py", ":(glob)*.py")
 
 
 @functools.cache
 def code_version(checkout: Path = CHECKOUT) -> dict:
   """{project, commit, dirty, untracked, libraries}; commit and dirty are None outside a git
-  checkout (an installed wheel). Changes to tracked files make the checkout dirty, and so do
+  checkout (an installed wheel). Changes to tracked code make the checkout dirty, and so do
   untracked .py files under the package, the configs or beside the programs (listed)."""
   commit = _git(checkout, "rev-parse", "HEAD") if (checkout / ".git").exists() else None
   dirty, untracked = None, []
   if commit:
-    status = _git(checkout, "status", "--porcelain", "--untracked-files=no")
+    status = _git(checkout, "status", "--porcelain", "--untracked-files=no", "--", *CODE_PATHS)
     others = _git(checkout, "ls-files", "--others", "--exclude-standard", "--", *CODE_PATHS)
     untracked = sorted(others.splitlines()) if others else []
     dirty = None if status is None else bool(status) or bool(untracked)

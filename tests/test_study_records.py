@@ -130,9 +130,18 @@ def test_untracked_code_makes_the_checkout_dirty_and_is_listed(tmp_path):
                                    "-c", "user.email=t@t", *a], check=True, capture_output=True)
   git("init", "-q")
   (tmp_path / "train.py").write_text("")
-  git("add", "train.py")
+  (tmp_path / "records").mkdir()
+  (tmp_path / "records" / "run-s0.json").write_text("{}")
+  git("add", "train.py", "records")
   git("commit", "-q", "-m", "x")
   assert provenance.code_version(tmp_path)["dirty"] is False
+  (tmp_path / "records" / "run-s0.json").write_text('{"retrained": true}')  # a study's record
+  provenance.code_version.cache_clear()
+  assert provenance.code_version(tmp_path)["dirty"] is False
+  (tmp_path / "train.py").write_text("# changed")
+  provenance.code_version.cache_clear()
+  assert provenance.code_version(tmp_path)["dirty"] is True
+  git("checkout", "-q", "--", "train.py")
   (tmp_path / "diff_transformer").mkdir()
   (tmp_path / "diff_transformer" / "new_module.py").write_text("")
   (tmp_path / "notes.txt").write_text("")  # not code: does not count
