@@ -91,10 +91,13 @@ def test_profile_sums_each_variants_kernels_by_class(results):
     assert sum(k["ms"] for k in c["other_kernels"]) <= c["ms"]["other"] + 0.01 * len(names)
 
 
-def test_profile_saves_each_steps_optimised_hlo(results, check_folder):
+@pytest.mark.parametrize("stage,keys", [
+    ("profile", {"transformer", "diff", "shared_diff", "diff_v2"}),
+    ("decode", {"transformer_batch4", "diff_batch4", "shared_diff_batch4", "diff_v2_batch4"})])
+def test_profile_and_decode_save_each_programs_optimised_hlo(results, check_folder, stage, keys):
   import gzip
-  hlo = results["profile"]["hlo"]
-  assert set(hlo) == {"transformer", "diff", "shared_diff", "diff_v2"}
+  hlo = results[stage]["hlo"]
+  assert set(hlo) == keys
   for name in hlo.values():
     text = gzip.decompress((check_folder / name).read_bytes()).decode()
     assert text.startswith("HloModule") and "ENTRY" in text

@@ -2,6 +2,7 @@
 caps, compiling many programs at once, interleaved timing, the model configs they build."""
 from __future__ import annotations
 
+import gzip
 import importlib.metadata
 import json
 import os
@@ -108,6 +109,14 @@ def compile_all(lowered: dict, workers: int, options: dict | None = None) -> dic
 
   with ThreadPoolExecutor(max(1, workers)) as pool:
     return dict(zip(lowered, pool.map(one, lowered)))
+
+
+def save_hlo(out: Path, name: str, compiled) -> str:
+  """A compiled program's optimised HLO, gzipped beside the records (which fusions and copies
+  XLA made: a profile's hlo_op names point into it); returns the file's name."""
+  path = out / f"gpu_check_{name}{OPTIONS['tag']}.txt.gz"
+  path.write_bytes(gzip.compress(compiled.as_text().encode()))
+  return path.name
 
 
 def versions() -> dict:

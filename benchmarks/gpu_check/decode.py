@@ -11,7 +11,7 @@ from flax import nnx
 
 from bench_common import spread
 from benchmarks.gpu_check.common import (OPTIONS, Deadline, Record, compile_all, error_text,
-                                         model_config)
+                                         model_config, save_hlo)
 from diff_transformer.model import build_model
 from diff_transformer.model import cache as kv_cache
 from diff_transformer.model.attention import PAPER_VARIANTS, spec_from_config, variant_class
@@ -52,7 +52,10 @@ def stage_decode(out: Path, cpu: bool, seconds: float) -> None:
   start = time.time()
   compiled = compile_all(programs, 16, options={k: COMMAND_BUFFERS[k[3]] for k in programs
                                                 if k[3]})
-  rec.set(compile_s=round(time.time() - start, 1), programs=len(programs))
+  rec.set(compile_s=round(time.time() - start, 1), programs=len(programs),
+          hlo={f"{v}_batch{b}": save_hlo(out, f"decode_hlo_{v}_batch{b}", c)
+               for (v, b, name, setting), c in compiled.items()
+               if name == "step" and setting == settings[0] and not isinstance(c, BaseException)})
   print(f"decode: {len(programs)} programs compiled in {time.time() - start:.1f} s", flush=True)
   for variant, m in models.items():
     spec = m["spec"]

@@ -3,7 +3,6 @@ variant with its device kernels summed by name and by class, the "other" class (
 fusions) listed, and each step's optimised HLO saved beside the record."""
 from __future__ import annotations
 
-import gzip
 import re
 import shutil
 import tempfile
@@ -14,7 +13,7 @@ import jax
 
 from bench_common import synthetic_batch
 from benchmarks.gpu_check.common import (OPTIONS, Deadline, Record, compile_all, error_text, lengths_or,
-                                         model_config)
+                                         model_config, save_hlo)
 from diff_transformer.mesh import global_batch, make_mesh
 from diff_transformer.model.attention import PAPER_VARIANTS
 from diff_transformer.training.metrics import executed_flops_per_token
@@ -47,7 +46,7 @@ def stage_profile(out: Path, cpu: bool, seconds: float) -> None:
   start = time.time()
   compiled = compile_all(lowered, 16)
   rec.set(compile_s=round(time.time() - start, 1),
-          hlo={v: save_hlo(out, v, c) for v, c in compiled.items()
+          hlo={v: save_hlo(out, f"profile_hlo_{v}", c) for v, c in compiled.items()
                if not isinstance(c, BaseException)})
   for variant, r in runs.items():
     if deadline.left() < 0:
@@ -80,14 +79,6 @@ def stage_profile(out: Path, cpu: bool, seconds: float) -> None:
         c["variant"]: {k: round(c["ms"].get(k, 0.0) - base["ms"].get(k, 0.0), 2)
                        for k in {*c["ms"], *base["ms"]}}
         for c in rec.data["cells"] if "ms" in c and c is not base})
-
-
-def save_hlo(out: Path, variant: str, compiled) -> str:
-  """The compiled step's optimised HLO, gzipped beside the record (which fusions XLA made:
-  the kernels' hlo_op names point into it); returns the file's name."""
-  path = out / f"gpu_check_profile_hlo_{variant}{OPTIONS['tag']}.txt.gz"
-  path.write_bytes(gzip.compress(compiled.as_text().encode()))
-  return path.name
 
 
 def kernel_times(folder: Path, steps: int, top: int = 25) -> dict:
