@@ -1,5 +1,7 @@
 """KV-cache decoding equals full-sequence recomputation; cache sizes follow model/cache.py's layout table."""
 import dataclasses
+import json
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -80,7 +82,7 @@ def _empty_cache(spec, batch, max_len):
 def test_cache_size_per_token_follows_spec(name):
   spec = tiny(**CASES[name])
   cache = _empty_cache(spec, 1, 4)
-  key_shape, value_shape = cache.k.shape[3:], cache.v.shape[3:]
+  key_shape, value_shape = cache.k.shape[2::2], cache.v.shape[2::2]  # [L, B, heads, S, width]
   want_key, want_value = entry(spec.variant).cache(spec)
   assert key_shape == want_key and value_shape == want_value
   assert cache.values_per_token == spec.num_layers * (np.prod(want_key) + np.prod(want_value))
@@ -120,3 +122,17 @@ def test_generation_never_picks_padded_vocab_rows(fns):
   assert max(max(g) for g in masked) < allowed and masked != greedy
   sampled = decoding.generate(fns, prompts, 6, temperature=2.0, seed=1, num_ids=10)
   assert max(max(g) for g in sampled) < 10
+
+
+def test_the_decode_benchmark_times_every_variant(tmp_path, monkeypatch):
+  import sys
+  monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+  import decode_step
+  out = tmp_path / "decode_step.json"
+  monkeypatch.setattr(sys, "argv", ["decode_step.py", "--quick", "--out", str(out)])
+  decode_step.main()
+  record = json.loads(out.read_text())
+  assert [r["variant"] for r in record["results"]] == ["transformer", "diff", "shared_diff",
+                                                       "diff_v2"]
+  assert all(r["ms_per_step"]["n"] == 2 and r["ms_per_step"]["min"] > 0
+             for r in record["results"])

@@ -5,15 +5,15 @@ Per layer and token the cache holds the keys and values the kernel reads:
 - diff, shared_diff: 2 h_kv keys of width d ([K1; K2] along the head axis) and h_kv values of
   width 2d.
 With model.short_conv = W > 0 it also keeps each row's last W - 1 attention inputs per layer
-(`conv`), so the convolution decodes exactly. Arrays carry a leading layer axis (the decoder scans its stacked blocks). `lengths[b]` is how many
-positions of row b are filled; a decode call writes its T tokens at lengths[b] .. lengths[b]+T-1
+(`conv`), so the convolution decodes exactly. Arrays carry a leading layer axis (the decoder
+scans its stacked blocks and carries the whole cache, each layer writing only its new entries).
+`lengths[b]` is how many positions of row b are filled; a decode call writes its T tokens at lengths[b] .. lengths[b]+T-1
 and each query attends to the filled positions up to itself, so rows may hold prompts of
 different lengths (right-padded prefill: pass the true lengths and the padding is overwritten).
 """
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import jax
 import jax.numpy as jnp
@@ -24,8 +24,10 @@ Array = jax.Array
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class KVCache:
-  k: Array  # [L, B, S, cached key heads, d]
-  v: Array  # [L, B, S, h_kv, value width]
+  # Head-major, so a layer's keys and values are the batched QK^T and PV products' operands as
+  # they lie (a token-major cache is transposed whole by every decoding step).
+  k: Array  # [L, B, cached key heads, S, d]
+  v: Array  # [L, B, h_kv, S, value width]
   lengths: Array  # int32 [B]: filled positions per row
   # [L, B, short_conv - 1, D]: the last attention inputs of each row for model.short_conv
   # (width 0 when the model has no short convolution).
@@ -33,12 +35,13 @@ class KVCache:
 
   @property
   def max_len(self) -> int:
-    return self.k.shape[2]
+    return self.k.shape[3]
 
   @property
   def values_per_token(self) -> int:
     """Cached numbers per token over all layers (keys plus values)."""
-    return self.k.shape[0] * (math.prod(self.k.shape[3:]) + math.prod(self.v.shape[3:]))
+    per_layer = lambda a: a.shape[2] * a.shape[4]
+    return self.k.shape[0] * (per_layer(self.k) + per_layer(self.v))
 
 
 Layout = tuple[tuple[int, int], tuple[int, int]]  # ((key heads, width), (value heads, width))
@@ -47,19 +50,31 @@ Layout = tuple[tuple[int, int], tuple[int, int]]  # ((key heads, width), (value 
 def init(spec, layout: Layout, batch: int, max_len: int) -> KVCache:
   """Empty arrays for `layout`, the variant's `Attention.cache_layout(spec)`."""
   (kh, kw), (vh, vw) = layout
-  shape = (spec.num_layers, batch, max_len)
+  L = spec.num_layers
   conv_width = max(spec.short_conv - 1, 0)
-  return KVCache(k=jnp.zeros(shape + (kh, kw), spec.compute_dtype),
-                 v=jnp.zeros(shape + (vh, vw), spec.compute_dtype),
+  return KVCache(k=jnp.zeros((L, batch, kh, max_len, kw), spec.compute_dtype),
+                 v=jnp.zeros((L, batch, vh, max_len, vw), spec.compute_dtype),
                  lengths=jnp.zeros((batch,), jnp.int32),
                  conv=jnp.zeros((spec.num_layers, batch, conv_width, spec.d_model),
                                 spec.compute_dtype))
 
 
-def write(cache_BSKH: Array, new_BTKH: Array, start_B: Array) -> Array:
-  """Writes each row's T new entries at its own start position."""
-  put = lambda c, x, i: jax.lax.dynamic_update_slice_in_dim(c, x.astype(c.dtype), i, axis=0)
-  return jax.vmap(put)(cache_BSKH, new_BTKH, start_B)
+def write(cache_LBKSH: Array, layer: Array, new_BTKH: Array, start_B: Array) -> Array:
+  """Writes layer `layer`'s T new entries of each row at the row's own start position, in the
+  stacked cache itself: only the new entries move (a scatter XLA does in place), not the
+  layer's whole cache. Positions past the cache's end are dropped."""
+  B, T = new_BTKH.shape[:2]
+  rows_B1 = jnp.arange(B)[:, None]
+  positions_BT = start_B[:, None] + jnp.arange(T)[None, :]
+  # (layer, row, :, position): the indexed axes come first, so the update is [B, T, K, H].
+  return cache_LBKSH.at[layer, rows_B1, :, positions_BT].set(
+      new_BTKH.astype(cache_LBKSH.dtype), mode="drop")
+
+
+def layer_view(cache_LBKSH: Array, layer: Array) -> Array:
+  """Layer `layer`'s entries as the kernels take them, [B, S, K, H] (a transpose XLA folds
+  into the attention's products)."""
+  return jnp.swapaxes(cache_LBKSH[layer], 1, 2)
 
 
 def decode_mask(start_B: Array, q_len: int, max_len: int) -> Array:

@@ -47,13 +47,14 @@ class Block(nnx.Module):
       y_BTD = self.attn(attn_in_BTD, positions_BT, segment_ids_BT)
     return self._mlp(x_BTD + y_BTD), aux
 
-  def decode(self, x_BTD, positions_BT, cache_k, cache_v, conv_state, start_B, advance_B,
-             mask_BTS):
+  def decode(self, x_BTD, positions_BT, cache_k, cache_v, layer, conv_state, start_B,
+             advance_B, mask_BTS):
+    """cache_k / cache_v: every layer's (this block writes and reads row `layer`)."""
     attn_in_BTD = self.attn_norm(x_BTD)
     if self.conv is not None:
       attn_in_BTD, conv_state = self.conv.step(attn_in_BTD, conv_state, advance_B)
     y_BTD, cache_k, cache_v = self.attn.decode(attn_in_BTD, positions_BT, cache_k, cache_v,
-                                               start_B, mask_BTS)
+                                               layer, start_B, mask_BTS)
     return self._mlp(x_BTD + y_BTD), cache_k, cache_v, conv_state
 
   def _mlp(self, y_BTD):
@@ -119,7 +120,7 @@ class Decoder(nnx.Module):
     time. For right-padded prompts pass their true `lengths_B`: the cache then advances by those
     lengths, the padding is overwritten by the next call, and the logits at lengths_B - 1 predict
     each row's next token. The caller keeps cache.lengths + T <= cache.max_len (writes beyond
-    it are clamped by XLA).
+    it are dropped).
     """
     start_B = cache.lengths
     q_len = tokens_BT.shape[1]
@@ -128,14 +129,17 @@ class Decoder(nnx.Module):
     x_BTD = constrain(self.embed(tokens_BT), ACT)
     advance_B = jnp.full_like(start_B, q_len) if lengths_B is None else lengths_B
 
-    def body(x_BTD, block, cache_k, cache_v, conv_state):
-      x_BTD, cache_k, cache_v, conv_state = block.decode(
-          x_BTD, positions_BT, cache_k, cache_v, conv_state, start_B, advance_B, mask_BTS)
-      return x_BTD, (cache_k, cache_v, conv_state)
+    # The stacked caches ride in the carry and each layer writes its new entries into them in
+    # place: as scan outputs, every step would rebuild (and first zero) the whole cache.
+    def body(carry, block, conv_state):
+      x_BTD, k, v, layer = carry
+      x_BTD, k, v, conv_state = block.decode(x_BTD, positions_BT, k, v, layer, conv_state,
+                                             start_B, advance_B, mask_BTS)
+      return (x_BTD, k, v, layer + 1), conv_state
 
-    x_BTD, (k, v, conv) = nnx.scan(body, in_axes=(nnx.Carry, 0, 0, 0, 0),
-                                   out_axes=(nnx.Carry, 0))(
-        x_BTD, self.blocks, cache.k, cache.v, cache.conv)
+    (x_BTD, k, v, _), conv = nnx.scan(body, in_axes=(nnx.Carry, 0, 0),
+                                      out_axes=(nnx.Carry, 0))(
+        (x_BTD, cache.k, cache.v, jnp.int32(0)), self.blocks, cache.conv)
     return self._logits(x_BTD), kv_cache.KVCache(k=k, v=v, conv=conv,
                                                  lengths=start_B + advance_B)
 
