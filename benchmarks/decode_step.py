@@ -82,7 +82,8 @@ def main() -> None:
           f"{r['vs_transformer']['median']:.3f} of the Transformer's", flush=True)
   device = jax.devices()[0]
   record = dict(device=f"{device.platform}:{device.device_kind}", host=platform.node(),
-                cpu_count=os.cpu_count(), code=code_version(), args=vars(args),
+                cpu_count=os.cpu_count(), code=code_version(),
+                args={k: v for k, v in vars(args).items() if k != "out"},
                 seconds=round(time.time() - start, 1), results=results,
                 note="ratio vs_transformer: the Transformer's step time over this variant's "
                      "(above 1: faster), per round")

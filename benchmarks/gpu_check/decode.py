@@ -92,27 +92,33 @@ def stage_decode(out: Path, cpu: bool, seconds: float) -> None:
           times[(variant, setting)]["prefill"].append(t1 - t0)
           times[(variant, setting)]["decode"].append(t2 - t1)
       print(f"decode: batch {batch} round {r} done at {time.time() - start:.1f} s", flush=True)
-    for variant, setting in runs:
-      cell = dict(variant=variant, batch=batch, command_buffers=setting)
-      if (variant, setting) in failed:
-        rec.add(dict(cell, error=failed[(variant, setting)]))
-        continue
-      dec = times[(variant, setting)]["decode"]
-      if not dec:
-        rec.add(dict(cell, skipped="stage time cap"))
-        continue
-      prefill = times[(variant, setting)]["prefill"]
-      cell.update(prefill_s=spread(prefill), decode_s=spread(dec),
-                  decode_tokens_per_s=batch * new / float(np.median(dec)),
-                  prefill_tokens_per_s=batch * prompt / float(np.median(prefill)))
-      # Ratios of the same round's times: to the Transformer under the same setting, and to
-      # the same variant under XLA's default setting.
-      for field, base in (("decode_vs_transformer", ("transformer", setting)),
-                          ("decode_vs_default", (variant, "default"))):
-        base_dec = times.get(base, {}).get("decode", [])
-        if base != (variant, setting) and len(base_dec) == len(dec):
-          cell[field] = spread([b / t for t, b in zip(dec, base_dec)])
+    for cell in _cells(times, failed, batch, prompt, new):
       rec.add(cell)
+
+
+def _cells(times: dict, failed: dict, batch: int, prompt: int, new: int) -> list[dict]:
+  """One record cell per (variant, setting) of a batch size: its times and rates, with the
+  ratios of the same round's times to the Transformer under the same setting and to the same
+  variant under XLA's default setting; or why it has none."""
+  cells = []
+  for variant, setting in times:
+    cell = dict(variant=variant, batch=batch, command_buffers=setting)
+    dec, prefill = times[(variant, setting)]["decode"], times[(variant, setting)]["prefill"]
+    if (variant, setting) in failed or not dec:
+      cells.append(dict(cell, **({"error": failed[(variant, setting)]}
+                                 if (variant, setting) in failed
+                                 else {"skipped": "stage time cap"})))
+      continue
+    cell.update(prefill_s=spread(prefill), decode_s=spread(dec),
+                decode_tokens_per_s=batch * new / float(np.median(dec)),
+                prefill_tokens_per_s=batch * prompt / float(np.median(prefill)))
+    for field, base in (("decode_vs_transformer", ("transformer", setting)),
+                        ("decode_vs_default", (variant, "default"))):
+      base_dec = times.get(base, {}).get("decode", [])
+      if base != (variant, setting) and len(base_dec) == len(dec):
+        cell[field] = spread([b / t for t, b in zip(dec, base_dec)])
+    cells.append(cell)
+  return cells
 
 
 def _lowered(cpu: bool, prompt: int, new: int, batches: tuple[int, ...]) -> tuple[dict, dict]:
