@@ -5,7 +5,7 @@
 
 Each variant at the same small config (D, head width, layers as flagged; float32), a cache of
 --cache positions with each row's first half filled, one jitted step per token with the cache
-donated (as model.decode runs in generation and in the GPU check's decode stage). Steps are
+donated (as generation's token loop and the GPU check's decode stage run model.decode). Steps are
 timed in interleaved rounds over the variants; per variant: ms per step (median [min-max] over
 rounds) and its ratio to the Transformer's in the same round. Writes
 benchmarks/results/decode_step.json (or --out), with the git commit of the code timed.

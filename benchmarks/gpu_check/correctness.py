@@ -38,9 +38,8 @@ def paths(cpu: bool, configs: dict | None = None) -> dict:
   'cudnn_two_calls' DIFF V1's maps as two calls sharing v, and 'cudnn_packed_as_is' packed rows
   with GQA heads and wider values passed to cuDNN as they are (whether jax and XLA offset each
   operand by its own stride: if it passes, the exact layout needs no equal-width packed call).
-  On CPU Pallas is interpreted,
-  'cudnn' runs the padded layout through XLA and 'cudnn_exact_layout' the exact layout with an
-  exact CPU attention in cuDNN's place."""
+  On CPU Pallas is interpreted, 'cudnn' runs the padded layout through XLA and
+  'cudnn_exact_layout' the exact layout with an exact CPU attention in cuDNN's place."""
   out = {"reference": reference.attention, "xla": xla.attention}
   for name, kw in (configs or {"pallas": {}}).items():
     out[name] = functools.partial(pallas_attention, **kw)

@@ -104,10 +104,11 @@ def _cells(times: dict, failed: dict, batch: int, prompt: int, new: int) -> list
   for variant, setting in times:
     cell = dict(variant=variant, batch=batch, command_buffers=setting)
     dec, prefill = times[(variant, setting)]["decode"], times[(variant, setting)]["prefill"]
-    if (variant, setting) in failed or not dec:
-      cells.append(dict(cell, **({"error": failed[(variant, setting)]}
-                                 if (variant, setting) in failed
-                                 else {"skipped": "stage time cap"})))
+    if (variant, setting) in failed:
+      cells.append(dict(cell, error=failed[(variant, setting)]))
+      continue
+    if not dec:
+      cells.append(dict(cell, skipped="stage time cap"))
       continue
     cell.update(prefill_s=spread(prefill), decode_s=spread(dec),
                 decode_tokens_per_s=batch * new / float(np.median(dec)),

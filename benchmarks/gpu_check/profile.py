@@ -103,12 +103,12 @@ def kernel_times(folder: Path, steps: int, top: int = 25) -> dict:
         slot["calls"] += 1
   ms: dict = {}
   for name, slot in by_name.items():
-    kind = next((k for k, rx in KERNEL_CLASSES if rx.search(name)), "other")
-    ms[kind] = ms.get(kind, 0.0) + slot["ns"] / 1e6 / steps
+    slot["kind"] = next((k for k, rx in KERNEL_CLASSES if rx.search(name)), "other")
+    ms[slot["kind"]] = ms.get(slot["kind"], 0.0) + slot["ns"] / 1e6 / steps
   ranked = sorted(by_name.items(), key=lambda kv: -kv[1]["ns"])
   row = lambda n, s: dict(name=n[:160], hlo_op=s["hlo_op"], ms=round(s["ns"] / 1e6 / steps, 3),
                           calls=s["calls"] / steps)
-  other = [(n, s) for n, s in ranked if not any(rx.search(n) for _, rx in KERNEL_CLASSES)]
+  other = [(n, s) for n, s in ranked if s["kind"] == "other"]
   return dict(busy_ms=round(sum(ms.values()), 3), ms={k: round(v, 3) for k, v in ms.items()},
               kernels=[row(n, s) for n, s in ranked[:top]],
               other_kernels=[row(n, s) for n, s in other[:2 * top]])

@@ -105,6 +105,9 @@ class Fns:
     self._logits = jax.jit(logits)
     self._capture = jax.jit(capture)
     self._decode = jax.jit(decode)
+    # A caller that keeps only the returned cache (token-by-token generation) hands its cache
+    # over, so the step writes its entries in place instead of copying the whole cache.
+    self._decode_in_place = jax.jit(decode, donate_argnums=2)
     self._nll = jax.jit(nll)
     self._layer_project = jax.jit(layer_project)
     self._layer_output = jax.jit(layer_output)
@@ -130,8 +133,10 @@ class Fns:
     return np.asarray(self._nll(self.state, jnp.asarray(tokens), jnp.asarray(targets),
                                 _opt(positions), _opt(segment_ids)))
 
-  def decode(self, tokens, cache, lengths=None):
-    return self._decode(self.state, jnp.asarray(tokens, jnp.int32), cache, _opt(lengths))
+  def decode(self, tokens, cache, lengths=None, *, in_place: bool = False):
+    """`in_place`: `cache` is consumed (unusable after the call); keep the returned one."""
+    step = self._decode_in_place if in_place else self._decode
+    return step(self.state, jnp.asarray(tokens, jnp.int32), cache, _opt(lengths))
 
   def layer_project(self, i: int, x, positions):
     """Block i's attention inputs (a Projected: q1, k1, v, ...) from its attention input x."""

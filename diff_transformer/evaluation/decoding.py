@@ -79,7 +79,7 @@ def generate(fns: Fns, prompts: list[list[int]], max_new_tokens: int, *, tempera
       logits = logits.at[:, num_ids:].set(-jnp.inf)
     out[:, t] = np.asarray(_pick(logits, sub, temperature, top_k, top_p), np.int32)
     if t < max_new_tokens - 1:  # the last token needs no cache entry
-      logits, cache = fns.decode(out[:, t:t + 1], cache)
+      logits, cache = fns.decode(out[:, t:t + 1], cache, in_place=True)
       logits = logits[:, 0]
   return out[:len(prompts)].tolist()
 

@@ -7,9 +7,10 @@ Per layer and token the cache holds the keys and values the kernel reads:
 With model.short_conv = W > 0 it also keeps each row's last W - 1 attention inputs per layer
 (`conv`), so the convolution decodes exactly. Arrays carry a leading layer axis (the decoder
 scans its stacked blocks and carries the whole cache, each layer writing only its new entries).
-`lengths[b]` is how many positions of row b are filled; a decode call writes its T tokens at lengths[b] .. lengths[b]+T-1
-and each query attends to the filled positions up to itself, so rows may hold prompts of
-different lengths (right-padded prefill: pass the true lengths and the padding is overwritten).
+`lengths[b]` is how many positions of row b are filled; a decode call writes its T tokens at
+lengths[b] .. lengths[b]+T-1 and each query attends to the filled positions up to itself, so
+rows may hold prompts of different lengths (right-padded prefill: pass the true lengths and the
+padding is overwritten).
 """
 from __future__ import annotations
 
