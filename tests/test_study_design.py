@@ -169,6 +169,21 @@ def test_a_loss_grid_is_judged_by_the_whole_split_loss_with_grid_by_primary(tmp_
   assert runner._grid_read(study, tmp_path, point, setting(config))["failed"] == "diverged"
 
 
+def test_the_grid_table_shows_the_metric_the_grid_chose_by():
+  """With grid_by_primary the table shows each run's whole-split loss (which ranks the lrs here
+  the other way from final_loss), so a reader sees why the chosen lr won."""
+  cell = lambda final, whole: dict(final_loss=final, loss=whole, val_accuracy=0.5)
+  grid = dict(lrs=[2e-3, 4e-3], seeds=[1000], steps=10, metric="loss", floor=float("nan"),
+              table={"diff": {"0.002": {"1000": cell(1.70, 1.61)},
+                              "0.004": {"1000": cell(1.60, 1.71)}}},
+              decisions={"diff": dict(chosen=2e-3, bracketed=True, untuned=False)})
+  text = "\n".join(opening.lr_grid(dict(lr_grid=grid, study=dict(primary="loss"))))
+  assert "| diff | 1000 | 1.6100 | 1.7100 | 0.002 |" in text and "whole validation split" in text
+  old = dict(grid, metric="final_loss")
+  text = "\n".join(opening.lr_grid(dict(lr_grid=old, study=dict(primary="final_loss"))))
+  assert "| diff | 1000 | 1.7000 | 1.6000 |" in text and "training-time eval rows" in text
+
+
 def test_still_rising_counts_the_headroom_and_the_level():
   nearly_done = [(800, 0.98), (1000, 0.997)]  # rose 0.017 but had only 0.02 left
   assert not run_metrics.still_rising(nearly_done, ceiling=1.0)

@@ -108,7 +108,7 @@ def _grid_metric_note(metric: str, primary: str) -> str:
           "lrs differently, so an lr chosen here is the best by the grid's metric.")
 
 
-def _grid_cell(cell: dict | None, budget: int) -> str:
+def _grid_cell(cell: dict | None, budget: int, metric: str) -> str:
   if cell is None:
     return "-"
   if cell.get("failed"):
@@ -117,7 +117,7 @@ def _grid_cell(cell: dict | None, budget: int) -> str:
     if cell["reached"]:
       return f"{cell['steps']:.0f}"
     return f">{budget} ({num(cell['val_accuracy'], 2)})"
-  return num(cell["final_loss"], 4)
+  return num(cell[metric], 4)  # the value the grid chose by
 
 
 def lr_grid(result: dict) -> list[str]:
@@ -129,7 +129,8 @@ def lr_grid(result: dict) -> list[str]:
   for cell, by_lr in grid["table"].items():
     d = grid["decisions"][cell]
     for seed in map(str, grid["seeds"]):
-      rows.append([cell, seed] + [_grid_cell(by_lr.get(f"{lr:g}", {}).get(seed), grid["steps"])
+      rows.append([cell, seed] + [_grid_cell(by_lr.get(f"{lr:g}", {}).get(seed), grid["steps"],
+                                             grid["metric"])
                                   for lr in lrs] +
                   [f"{d['chosen']:g}" if d["chosen"] else "none",
                    "yes" if d["bracketed"] else "pending" if not d.get("complete", True)
@@ -137,7 +138,8 @@ def lr_grid(result: dict) -> list[str]:
                    "**untuned**" if d["untuned"] else "no"])
   what = ("steps to reach the level (>budget: never, with the final accuracy)"
           if grid["metric"].startswith("steps_to") else
-          "final validation loss on the training-time eval rows")
+          "final validation loss on the training-time eval rows" if grid["metric"] == "final_loss"
+          else f"`{grid['metric']}`, on the whole validation split as a compared run's")
   return ([f"## Learning rate per variant ({grid['steps']}-step budget, grid seeds "
            f"{grid['seeds']}, which no compared run uses; judged by `{grid['metric']}`)", "",
            f"Each cell: {what}; '-': not run (outside this variant's grid)."
