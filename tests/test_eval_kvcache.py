@@ -42,8 +42,7 @@ def fns(request):
 def test_incremental_decode_matches_full_forward(fns):
   tokens = np.asarray(jax.random.randint(jax.random.key(1), (2, 20), 0, VOCAB), np.int32)
   full = np.asarray(fns.logits(tokens))
-  cache = fns.model.init_cache(2, 32)
-  logits, cache = fns.decode(tokens[:, :7], cache)  # prefill
+  logits, cache = fns.prefill(tokens[:, :7], 32)
   steps = [np.asarray(logits)]
   for t in range(7, 20):  # then one token at a time
     logits, cache = fns.decode(tokens[:, t:t + 1], cache)
@@ -61,6 +60,22 @@ def test_right_padded_prefill_of_different_lengths(fns):
   greedy = np.asarray(fns.logits(full)).argmax(-1)  # is never seen
   for i, (p, g) in enumerate(zip(prompts, new)):
     assert greedy[i, len(p) - 1:len(p) + 5].tolist() == g
+
+
+def test_prefill_equals_decoding_into_an_empty_cache(fns):
+  """The prefill (causal within the prompt, the model's kernel) and a decode into an empty cache
+  (the explicit mask over the cache) agree: logits, the cache's entries and its lengths, with
+  right-padded rows."""
+  tokens = np.asarray(jax.random.randint(jax.random.key(3), (2, 12), 0, VOCAB), np.int32)
+  lengths = np.asarray([12, 7], np.int32)
+  fresh, fresh_cache = fns.prefill(tokens, 16, lengths)
+  masked, masked_cache = fns.decode(tokens, fns.model.init_cache(2, 16), lengths)
+  np.testing.assert_allclose(fresh, masked, atol=1e-5, rtol=0)
+  for a, b in zip(jax.tree.leaves(fresh_cache), jax.tree.leaves(masked_cache)):
+    np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
+  assert fresh_cache.lengths.tolist() == [12, 7]
+  with pytest.raises(ValueError, match="prefill: a prompt of 12 tokens does not fit a cache of 8"):
+    fns.prefill(tokens, 8)
 
 
 def test_reference_kernel_decode_matches_full_forward():

@@ -93,6 +93,9 @@ class Fns:
     def decode(state, tokens, cache, lengths):
       return nnx.merge(graphdef, state).decode(tokens, cache, lengths)
 
+    def prefill(state, tokens, max_len, lengths):
+      return nnx.merge(graphdef, state).prefill(tokens, max_len, lengths)
+
     def nll(state, tokens, targets, positions, segment_ids):
       return token_nll(nnx.merge(graphdef, state)(tokens, positions, segment_ids), targets)
 
@@ -108,6 +111,7 @@ class Fns:
     # A caller that keeps only the returned cache (token-by-token generation) hands its cache
     # over, so the step writes its entries in place instead of copying the whole cache.
     self._decode_in_place = jax.jit(decode, donate_argnums=2)
+    self._prefill = jax.jit(prefill, static_argnums=2)
     self._nll = jax.jit(nll)
     self._layer_project = jax.jit(layer_project)
     self._layer_output = jax.jit(layer_output)
@@ -132,6 +136,10 @@ class Fns:
     """Per-token negative log-likelihood (float32 [B, T]) of `targets`."""
     return np.asarray(self._nll(self.state, jnp.asarray(tokens), jnp.asarray(targets),
                                 _opt(positions), _opt(segment_ids)))
+
+  def prefill(self, tokens, max_len: int, lengths=None):
+    """(logits, a new cache of `max_len` positions holding the prompts): Decoder.prefill."""
+    return self._prefill(self.state, jnp.asarray(tokens, jnp.int32), max_len, _opt(lengths))
 
   def decode(self, tokens, cache, lengths=None, *, in_place: bool = False):
     """`in_place`: `cache` is consumed (unusable after the call); keep the returned one."""

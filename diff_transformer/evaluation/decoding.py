@@ -35,8 +35,7 @@ def prefill(fns: Fns, prompts: list[list[int]], extra: int):
   cache_len = _cache_len(fns, max(len(p) for p in prompts), extra)
   rows = 1 << (len(prompts) - 1).bit_length()
   tokens, lengths = pad_rows(prompts + [prompts[0]] * (rows - len(prompts)), length=cache_len)
-  cache = fns.model.init_cache(rows, cache_len)
-  logits, cache = fns.decode(tokens, cache, lengths)
+  logits, cache = fns.prefill(tokens, cache_len, lengths)
   last = jnp.take_along_axis(logits, jnp.asarray(lengths - 1)[:, None, None], axis=1)[:, 0]
   return last, cache
 

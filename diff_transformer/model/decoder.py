@@ -116,16 +116,31 @@ class Decoder(nnx.Module):
     """Incremental forward: float32 logits [B, T, V] for T new tokens and the updated cache.
 
     Row b's tokens go to positions cache.lengths[b] + t and attend to everything cached before
-    them. Prefill a whole prompt with one call (T = prompt length), then decode one token at a
-    time. For right-padded prompts pass their true `lengths_B`: the cache then advances by those
-    lengths, the padding is overwritten by the next call, and the logits at lengths_B - 1 predict
-    each row's next token. The caller keeps cache.lengths + T <= cache.max_len (writes beyond
-    it are dropped).
+    them (an explicit mask over the cache, through the 'xla' path). Start a prompt with
+    `prefill`, then decode one token at a time (or a chunk). For right-padded tokens pass their
+    true `lengths_B`: the cache then advances by those lengths, the padding is overwritten by
+    the next call, and the logits at lengths_B - 1 predict each row's next token. The caller
+    keeps cache.lengths + T <= cache.max_len (writes beyond it are dropped).
     """
+    return self._cached_forward(tokens_BT, cache, lengths_B, fresh=False)
+
+  def prefill(self, tokens_BT: Array, max_len: int, lengths_B: Array | None = None
+              ) -> tuple[Array, kv_cache.KVCache]:
+    """`decode` of a prompt into a new cache of `max_len` positions. Nothing is cached before
+    it, so the prompt attends causally within itself through the model's own kernel, as in
+    training (cuDNN or Pallas on a GPU), with no mask over the cache. Right padding is as
+    `decode` says: causal attention never lets a real token see the padding after it."""
+    B, T = tokens_BT.shape
+    if T > max_len:
+      raise ValueError(f"prefill: a prompt of {T} tokens does not fit a cache of {max_len}")
+    return self._cached_forward(tokens_BT, self.init_cache(B, max_len), lengths_B, fresh=True)
+
+  def _cached_forward(self, tokens_BT, cache, lengths_B, fresh: bool):
     start_B = cache.lengths
     q_len = tokens_BT.shape[1]
     positions_BT = start_B[:, None] + jnp.arange(q_len, dtype=jnp.int32)[None, :]
-    mask_BTS = kv_cache.decode_mask(start_B, q_len, cache.max_len)
+    # fresh: the cache is empty, so the new tokens are all there is to attend to (causally).
+    mask_BTS = None if fresh else kv_cache.decode_mask(start_B, q_len, cache.max_len)
     x_BTD = constrain(self.embed(tokens_BT), ACT)
     advance_B = jnp.full_like(start_B, q_len) if lengths_B is None else lengths_B
 

@@ -179,9 +179,11 @@ class Attention(nnx.Module):
     return out_BTD
 
   def decode(self, x_BTD: Array, positions_BT: Array, cache_k: Array, cache_v: Array,
-             layer: Array, start_B: Array, mask_BTS: Array) -> tuple[Array, Array, Array]:
+             layer: Array, start_B: Array, mask_BTS: Array | None
+             ) -> tuple[Array, Array, Array]:
     """Writes this step's keys/values into the stacked caches (all layers, model/cache.py) at
-    (layer, start_B) and attends over this layer's.
+    (layer, start_B) and attends over this layer's; with mask_BTS None (a prefill into an empty
+    cache) the new tokens attend causally among themselves through the model's kernel.
 
     Returns (output, cache_k, cache_v). Keys are cached after RoPE; separate K1/K2 (DIFF V1,
     Shared DIFF) are stacked along the head axis, so the cache is [K1; K2] with h_kv values.
@@ -190,9 +192,12 @@ class Attention(nnx.Module):
     keys = p.k1 if p.k2 is None else jnp.concatenate([p.k1, p.k2], axis=2)
     cache_k = kv_cache.write(cache_k, layer, keys, start_B)
     cache_v = kv_cache.write(cache_v, layer, p.v, start_B)
-    layer_k, layer_v = kv_cache.layer_view(cache_k, layer), kv_cache.layer_view(cache_v, layer)
-    k1, k2 = (layer_k, None) if p.k2 is None else jnp.split(layer_k, 2, axis=2)
-    o_BTNH = self._attend(p.q1, k1, layer_v, p.q2, k2, p.lam, mask=mask_BTS)
+    if mask_BTS is None:
+      o_BTNH = self._attend(p.q1, p.k1, p.v, p.q2, p.k2, p.lam)
+    else:
+      layer_k, layer_v = kv_cache.layer_view(cache_k, layer), kv_cache.layer_view(cache_v, layer)
+      k1, k2 = (layer_k, None) if p.k2 is None else jnp.split(layer_k, 2, axis=2)
+      o_BTNH = self._attend(p.q1, k1, layer_v, p.q2, k2, p.lam, mask=mask_BTS)
     return self.output(o_BTNH, p), cache_k, cache_v
 
   def _attend(self, q1, k1, v, q2, k2, lam, **kw) -> Array:
