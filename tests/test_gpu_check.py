@@ -73,6 +73,7 @@ def test_kernel_train_and_decode_stages_measure_every_variant(results):
       for s in ("default", "loops")}
   assert all(c["decode_tokens_per_s"] > 0 for c in decode)
   assert all("decode_vs_default" in c for c in decode if c["command_buffers"] == "loops")
+  assert all(c["prefill_vs_transformer"]["n"] == 2 for c in decode if c["variant"] != "transformer")
 
 
 def test_profile_sums_each_variants_kernels_by_class(results):

@@ -98,8 +98,8 @@ def stage_decode(out: Path, cpu: bool, seconds: float) -> None:
 
 def _cells(times: dict, failed: dict, batch: int, prompt: int, new: int) -> list[dict]:
   """One record cell per (variant, setting) of a batch size: its times and rates, with the
-  ratios of the same round's times to the Transformer under the same setting and to the same
-  variant under XLA's default setting; or why it has none."""
+  ratios of the same round's times to the Transformer under the same setting (decoding and the
+  prefill) and to the same variant under XLA's default setting; or why it has none."""
   cells = []
   for variant, setting in times:
     cell = dict(variant=variant, batch=batch, command_buffers=setting)
@@ -113,11 +113,12 @@ def _cells(times: dict, failed: dict, batch: int, prompt: int, new: int) -> list
     cell.update(prefill_s=spread(prefill), decode_s=spread(dec),
                 decode_tokens_per_s=batch * new / float(np.median(dec)),
                 prefill_tokens_per_s=batch * prompt / float(np.median(prefill)))
-    for field, base in (("decode_vs_transformer", ("transformer", setting)),
-                        ("decode_vs_default", (variant, "default"))):
-      base_dec = times.get(base, {}).get("decode", [])
-      if base != (variant, setting) and len(base_dec) == len(dec):
-        cell[field] = spread([b / t for t, b in zip(dec, base_dec)])
+    for field, phase, base in (("decode_vs_transformer", "decode", ("transformer", setting)),
+                               ("decode_vs_default", "decode", (variant, "default")),
+                               ("prefill_vs_transformer", "prefill", ("transformer", setting))):
+      ours, theirs = times[(variant, setting)][phase], times.get(base, {}).get(phase, [])
+      if base != (variant, setting) and len(theirs) == len(ours):
+        cell[field] = spread([b / t for t, b in zip(ours, theirs)])
     cells.append(cell)
   return cells
 
