@@ -76,6 +76,20 @@ def test_kernel_train_and_decode_stages_measure_every_variant(results):
   assert all(c["prefill_vs_transformer"]["n"] == 2 for c in decode if c["variant"] != "transformer")
 
 
+def test_hlo_kernels_reads_each_profiled_kernel_back_to_our_source_lines(check_folder):
+  """tools/hlo_kernels.py joins the profile with its saved HLO: a kernel's fusion kind, the ops
+  inside it and the lines of this repository they were traced from."""
+  sys.path.insert(0, str(ROOT / "tools"))
+  import hlo_kernels
+  rows = hlo_kernels.report(check_folder / "gpu_check_profile.json", "diff", 40, False)
+  assert rows and not any(r.get("missing") for r in rows)
+  sources = {s for r in rows for s in r["sources"]}
+  assert any(s.startswith("diff_transformer/model/attention/diff_v1.py:") for s in sources)
+  assert any(r["ops"] for r in rows if r["opcode"] == "fusion")
+  with pytest.raises(SystemExit, match="--variant: 'nope' is not in gpu_check_profile.json"):
+    hlo_kernels.report(check_folder / "gpu_check_profile.json", "nope", 5, False)
+
+
 def test_profile_sums_each_variants_kernels_by_class(results):
   profile = results["profile"]
   assert [c["variant"] for c in profile["cells"]] == ["transformer", "diff", "shared_diff",
