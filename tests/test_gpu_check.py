@@ -4,6 +4,7 @@ driver's `--stage all`); tools/gpu_check.sh's own loop (its plan, one process pe
 its cap, a failed or capped stage failing the command) is checked on its cheapest stage."""
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import subprocess
@@ -88,6 +89,11 @@ def test_hlo_kernels_reads_each_profiled_kernel_back_to_our_source_lines(check_f
   assert any(r["ops"] for r in rows if r["opcode"] == "fusion")
   with pytest.raises(SystemExit, match="--variant: 'nope' is not in gpu_check_profile.json"):
     hlo_kernels.report(check_folder / "gpu_check_profile.json", "nope", 5, False)
+  step = gzip.decompress((check_folder / "gpu_check_decode_hlo_diff_batch4.txt.gz").read_bytes())
+  loops = [r for r in hlo_kernels.Hlo(step.decode()).launches() if r["where"] != "entry"]
+  assert loops and all(r["kernels"] > 0 for r in loops)  # the scanned layers' body
+  assert any(s.startswith("diff_transformer/model/attention/") for r in loops
+             for s in r["by_source"])
 
 
 def test_profile_sums_each_variants_kernels_by_class(results):

@@ -24,12 +24,16 @@ from pathlib import Path
 
 INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+) = (?P<rest>.*)$")
 CALLS = re.compile(r"calls=%?(?P<callee>[\w.\-]+)")
+BODY = re.compile(r"body=%?(?P<body>[\w.\-]+)")
 KIND = re.compile(r"kind=(?P<kind>k\w+)")
 FRAME = re.compile(r"stack_frame_id=(?P<id>\d+)")
 OP_NAME = re.compile(r'op_name="(?P<op_name>[^"]*)"')
 TABLE_ROW = re.compile(r"^(?P<id>\d+) (?P<body>.*)$")
 FIELD = re.compile(r"(\w+)=(\d+)")
 OWN_CODE = ("diff_transformer/", "benchmarks/", "configs/")
+# Instructions that launch nothing of their own on a GPU (views, tuples, control).
+NO_KERNEL = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while",
+             "conditional", "call", "after-all", "partition-id", "replica-id"}
 
 
 def _shape_and_opcode(rest: str) -> tuple[str, str]:
@@ -72,6 +76,7 @@ class Hlo:
         self.instructions[m["name"]] = dict(
             shape=shape, opcode=opcode, computation=computation,
             callee=(c := CALLS.search(rest)) and c["callee"],
+            body=(b := BODY.search(rest)) and b["body"],
             kind=(k := KIND.search(rest)) and k["kind"],
             frame=(f := FRAME.search(rest)) and int(f["id"]),
             op_name=(o := OP_NAME.search(rest)) and o["op_name"])
@@ -113,6 +118,22 @@ class Hlo:
                 op_name=inst["op_name"])
 
 
+  def launches(self) -> list[dict]:
+    """Per loop body (a while's, e.g. the scanned layers: once per layer) and for the entry
+    computation: how many instructions launch a kernel, by the source line they came from."""
+    out = []
+    loops = [(n, i["body"]) for n, i in self.instructions.items() if i["opcode"] == "while"]
+    entry = next(iter(c for c in self.computations if c.startswith("main")), None)
+    for label, computation in [("entry", entry)] + loops:
+      names = [n for n in self.computations.get(computation, [])
+               if self.instructions[n]["opcode"] not in NO_KERNEL]
+      by_source = collections.Counter(self.source(self.instructions[n]["frame"]) or "?"
+                                       for n in names)
+      out.append(dict(where=label, computation=computation, kernels=len(names),
+                      by_source=dict(by_source.most_common())))
+    return out
+
+
 def report(profile_path: Path, variant: str, top: int, other_only: bool) -> list[dict]:
   record = json.loads(profile_path.read_text())
   cells = {c["variant"]: c for c in record["cells"]}
@@ -132,12 +153,24 @@ def report(profile_path: Path, variant: str, top: int, other_only: bool) -> list
 
 def main() -> None:
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  p.add_argument("profile", type=Path, help="a gpu_check_profile*.json record")
+  p.add_argument("profile", type=Path, nargs="?", help="a gpu_check_profile*.json record")
+  p.add_argument("--hlo", type=Path, nargs="+", default=[],
+                 help="instead: saved HLO files (e.g. the decode stage's per-token steps); "
+                 "prints the kernels each loop body (a scanned layer) and the entry launch")
   p.add_argument("--variant", default="diff")
   p.add_argument("--top", type=int, default=20)
   p.add_argument("--other", action="store_true", help="XLA's own kernels only")
   p.add_argument("--json", action="store_true", help="print the rows as JSON")
   args = p.parse_args()
+  if args.hlo:
+    for path in args.hlo:
+      for r in Hlo(gzip.decompress(path.read_bytes()).decode()).launches():
+        print(f"{path.name}  {r['where']} ({r['computation']}): {r['kernels']} kernels")
+        for source, n in list(r["by_source"].items())[:args.top]:
+          print(f"    {n:4d}  {source}")
+    return
+  if args.profile is None:
+    p.error("give a profile record, or --hlo files")
   rows = report(args.profile, args.variant, args.top, args.other)
   if args.json:
     print(json.dumps(rows, indent=1))
