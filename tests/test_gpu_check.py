@@ -82,11 +82,17 @@ def test_hlo_kernels_reads_each_profiled_kernel_back_to_our_source_lines(check_f
   inside it and the lines of this repository they were traced from."""
   sys.path.insert(0, str(ROOT / "tools"))
   import hlo_kernels
+  profile = json.loads((check_folder / "gpu_check_profile.json").read_text())
+  kernels = next(c["kernels"] for c in profile["cells"] if c["variant"] == "diff")
   rows = hlo_kernels.report(check_folder / "gpu_check_profile.json", "diff", 40, False)
-  assert rows and not any(r.get("missing") for r in rows)
-  sources = {s for r in rows for s in r["sources"]}
-  assert any(s.startswith("diff_transformer/model/attention/diff_v1.py:") for s in sources)
-  assert any(r["ops"] for r in rows if r["opcode"] == "fusion")
+  assert [r["ms"] for r in rows] == [k["ms"] for k in kernels]
+  # Which kernels lead a CPU profile varies with the host's load: the HLO is read whole here.
+  hlo = hlo_kernels.Hlo(gzip.decompress(
+      (check_folder / profile["hlo"]["diff"]).read_bytes()).decode())
+  fusions = [hlo.describe(n) for n, i in hlo.instructions.items() if i["opcode"] == "fusion"]
+  assert all(f["ops"] for f in fusions)
+  assert any(s.startswith("diff_transformer/model/attention/diff_v1.py:")
+             for f in fusions for s in f["sources"])
   with pytest.raises(SystemExit, match="--variant: 'nope' is not in gpu_check_profile.json"):
     hlo_kernels.report(check_folder / "gpu_check_profile.json", "nope", 5, False)
   step = gzip.decompress((check_folder / "gpu_check_decode_hlo_diff_batch4.txt.gz").read_bytes())

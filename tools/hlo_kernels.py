@@ -176,6 +176,9 @@ def main() -> None:
     print(json.dumps(rows, indent=1))
     return
   for r in rows:
+    if r.get("missing"):  # e.g. a kernel of another program traced in the same window
+      print(f"{r['ms']:8.3f} ms x{r['calls']:g}  {r['hlo_op']}  (not in this HLO)")
+      continue
     shape = r.get("shape", "")
     print(f"{r['ms']:8.3f} ms x{r['calls']:g}  {r['hlo_op']}  {r.get('kind') or r.get('opcode')}"
           f"  {shape if len(shape) <= 80 else shape[:77] + '...'}")
