@@ -253,7 +253,7 @@ def test_a_variant_registered_later_orphans_no_record():
     unregister_variant(TOY_PATH)
 
 
-@pytest.mark.parametrize("name", ["lm", "lm_table6", "retrieval"])
+@pytest.mark.parametrize("name", ["lm", "lm_table6", "lm_scale", "retrieval"])
 def test_committed_studies_rebuild_from_their_records_unchanged(tmp_path, name):
   """Every committed record still matches its point's setting (an option added to the config
   later must not orphan them), and study.json and report.md rebuild from them byte for byte,
