@@ -57,6 +57,7 @@ class Hlo:
   def __init__(self, text: str):
     self.instructions: dict[str, dict] = {}
     self.computations: dict[str, list[str]] = collections.defaultdict(list)
+    self.entry: str | None = None
     tables: dict[str, dict[int, str]] = collections.defaultdict(dict)
     section, computation = None, None
     for line in text.splitlines():
@@ -66,13 +67,15 @@ class Hlo:
       if line.endswith("{") and not line.startswith(" "):
         section = None
         computation = line.split()[1 if line.startswith("ENTRY") else 0].lstrip("%")
+        if line.startswith("ENTRY"):
+          self.entry = computation
         continue
       if section and (row := TABLE_ROW.match(line)):
         tables[section][int(row["id"])] = row["body"]
         continue
       if computation and (m := INSTRUCTION.match(line)):
-        shape, opcode = _shape_and_opcode(m["rest"])
         rest = m["rest"]
+        shape, opcode = _shape_and_opcode(rest)
         self.instructions[m["name"]] = dict(
             shape=shape, opcode=opcode, computation=computation,
             callee=(c := CALLS.search(rest)) and c["callee"],
@@ -123,8 +126,7 @@ class Hlo:
     computation: how many instructions launch a kernel, by the source line they came from."""
     out = []
     loops = [(n, i["body"]) for n, i in self.instructions.items() if i["opcode"] == "while"]
-    entry = next(iter(c for c in self.computations if c.startswith("main")), None)
-    for label, computation in [("entry", entry)] + loops:
+    for label, computation in [("entry", self.entry)] + loops:
       names = [n for n in self.computations.get(computation, [])
                if self.instructions[n]["opcode"] not in NO_KERNEL]
       by_source = collections.Counter(self.source(self.instructions[n]["frame"]) or "?"

@@ -144,12 +144,11 @@ def _lowered(cpu: bool, prompt: int, new: int, batches: tuple[int, ...]) -> tupl
     for batch in batches:
       cache = jax.eval_shape(lambda b=batch, spec=spec: new_cache(spec, b, prompt + new))
       tok = jax.ShapeDtypeStruct((batch, prompt), jnp.int32)
-      for name, lower in (
-          ("prefill", lambda: jax.jit(prefill).lower(state_struct, tok)),
-          ("step", lambda: jax.jit(step, donate_argnums=2).lower(
-              state_struct, jax.ShapeDtypeStruct((batch,), jnp.int32), cache))):
+      token = jax.ShapeDtypeStruct((batch,), jnp.int32)
+      for name, fn, args, donate in (("prefill", prefill, (state_struct, tok), ()),
+                                     ("step", step, (state_struct, token, cache), 2)):
         try:
-          lowered[(variant, batch, name)] = lower()
+          lowered[(variant, batch, name)] = jax.jit(fn, donate_argnums=donate).lower(*args)
         except Exception as e:  # recorded
           lowered[(variant, batch, name)] = e
   return models, lowered
