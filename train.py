@@ -20,9 +20,10 @@ cli.default_platform()
 from absl import flags, logging  # noqa: E402
 
 from diff_transformer import params  # noqa: E402
-from diff_transformer.errors import ConfigError  # noqa: E402
+from diff_transformer.errors import ConfigError, TrainError  # noqa: E402
 from diff_transformer.files import read_json  # noqa: E402
 from diff_transformer.mesh import request_determinism  # noqa: E402
+from diff_transformer.paths import output_dir  # noqa: E402
 from diff_transformer.model.attention import spec_from_config  # noqa: E402
 
 cli.define_config()
@@ -85,6 +86,7 @@ def main(argv):
   from diff_transformer.training import initialize_distributed, train
   from diff_transformer.data import ensure_prepared  # grain, as above
   initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
+  output_dir(FLAGS.workdir, "--workdir", TrainError)  # before preparing any data
   ensure_prepared(config.data)  # the built-in corpus on first use; training only opens it
   start_params = None
   if config.init_from_hf:

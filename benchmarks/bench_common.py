@@ -26,14 +26,22 @@ def spread(values) -> dict:
               n=len(values))
 
 
-def synthetic_batch(batch: int, seq_len: int, vocab: int, seed: int = 0) -> dict[str, np.ndarray]:
-  """One batch of uniformly random tokens (full rows, one document each)."""
-  tokens = np.random.default_rng(seed).integers(0, vocab, (batch, seq_len + 1), dtype=np.int32)
-  return dict(inputs=tokens[:, :-1], targets=tokens[:, 1:],
-              segment_ids=np.ones((batch, seq_len), np.int32),
-              positions=np.broadcast_to(np.arange(seq_len, dtype=np.int32),
-                                        (batch, seq_len)).copy(),
-              weights=np.ones((batch, seq_len), np.float32))
+def synthetic_batch(batch: int, seq_len: int, vocab: int, seed: int = 0,
+                    documents: float = 1.0) -> dict[str, np.ndarray]:
+  """One batch of uniformly random tokens in full rows: one document each, or packed documents
+  of random lengths, about `documents` a row (positions restarting at each)."""
+  rng = np.random.default_rng(seed)
+  tokens = rng.integers(0, vocab, (batch, seq_len + 1), dtype=np.int32)
+  segment_ids = np.ones((batch, seq_len), np.int32)
+  if documents > 1:
+    segment_ids += np.cumsum(rng.random((batch, seq_len)) < (documents - 1) / seq_len,
+                             axis=1).astype(np.int32)
+  starts = np.concatenate([np.ones((batch, 1), bool), segment_ids[:, 1:] != segment_ids[:, :-1]],
+                          axis=1)
+  pos = np.arange(seq_len, dtype=np.int32)
+  positions = pos - np.maximum.accumulate(np.where(starts, pos, 0), axis=1)
+  return dict(inputs=tokens[:, :-1], targets=tokens[:, 1:], segment_ids=segment_ids,
+              positions=positions.astype(np.int32), weights=np.ones((batch, seq_len), np.float32))
 
 
 def small_config(variant: str, *, seq_len: int, batch: int, kernel: str = "auto",

@@ -66,6 +66,10 @@ def base_config() -> ml_collections.ConfigDict:
       cache_dir="",  # default $DIFF_TRANSFORMER_CACHE or ~/.cache/diff_transformer
       seq_len=256,
       packing="concat",  # concat (full rows) or first_fit (whole documents, padded)
+      # True: a packed row's documents attend within themselves, positions restarting at each;
+      # False: causal over the whole row, positions 0..T-1 across documents, as the DIFF paper
+      # trains (FlashAttention with causal=True over concatenated documents). Text only.
+      document_mask=True,
       seed=0,
       val_fraction=0.05,
   ))
@@ -123,6 +127,7 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   attention = variant_class(config.model.variant)  # first: its own options are model keys
   _check_keys(config, base_config(), "")
   m = config.model
+  kernels.cudnn.forced_layout()  # DIFF_TRANSFORMER_CUDNN_LAYOUT, checked before any work
   if m.kernel not in KERNELS:
     _fail("model.kernel", f"unknown kernel '{m.kernel}'; choose one of {', '.join(KERNELS)}")
   if m.remat not in REMAT_POLICIES:
@@ -130,7 +135,7 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   if m.dtype not in DTYPES:
     _fail("model.dtype", f"'{m.dtype}' is not one of {', '.join(DTYPES)}")
   for name in ("vocab_size", "d_model", "num_layers", "num_heads", "head_dim", "ffn_dim",
-               "max_seq_len"):
+               "max_seq_len", "max_segments"):
     if m[name] is None or m[name] <= 0:
       _fail(f"model.{name}", f"must be a positive integer, got {m[name]}")
   if m.vocab_multiple is None or m.vocab_multiple < 0:

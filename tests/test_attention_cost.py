@@ -125,7 +125,8 @@ def test_cudnn_exact_flops_count_the_calls_its_layout_makes(packed):
   q1, k1 = jnp.ones((B, T, N, d)), jnp.ones((B, T, N, d))
   v = jnp.ones((B, T, N, 2 * d))
   seg = jnp.asarray([[1] * 5 + [2] * 11]) if packed else None
-  cudnn.attention(q1, k1, v, q1, k1, 0.5, core=recording_core, segment_ids=seg)
+  cudnn.attention(q1, k1, v, q1, k1, 0.5, core=cudnn.equal_widths(recording_core),
+                  implementation="xla", segment_ids=seg)
   counted = sum(executed_flops("cudnn", q, k, v_, backward=True, cudnn_exact=True)
                 for q, k, v_ in calls)
   assert counted == executed_flops("cudnn", q1, k1, v, q1, backward=True, cudnn_exact=True,

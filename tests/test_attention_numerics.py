@@ -126,18 +126,25 @@ PATHS = {
 }
 
 
+# The exact layout with an exact CPU attention in cuDNN's place: its reshapes, map mix and packed
+# offsets; at the cap on sequences per row (SEG's first row has 2), and over it (a batch with a
+# row over the cap takes the padded layout, here through XLA).
+EXACT_LAYOUT = {"cudnn_exact_layout": {}, "cudnn_exact_separate": dict(separate_calls=True),
+                "cudnn_exact_at_cap": dict(max_segments=2),
+                "cudnn_exact_over_cap": dict(max_segments=1)}
+
+
 def run_path(path, *args, **kw):
   if path == "cudnn_layout":
     return cudnn.attention(*args, implementation="xla", **kw)
-  if path in ("cudnn_exact_layout", "cudnn_exact_separate"):
+  if path in EXACT_LAYOUT:
     from tests.helpers.kernels import exact_cpu_attention
-    return cudnn.attention(*args, core=exact_cpu_attention,
-                           separate_calls=path == "cudnn_exact_separate", **kw)
+    return cudnn.attention(*args, core=cudnn.equal_widths(exact_cpu_attention),
+                           implementation="xla", **EXACT_LAYOUT[path], **kw)
   return kernels.attention(*args, **PATHS[path], **kw)
 
 
-@pytest.mark.parametrize("kernel", [*PATHS, "cudnn_layout", "cudnn_exact_layout",
-                                    "cudnn_exact_separate"])
+@pytest.mark.parametrize("kernel", [*PATHS, "cudnn_layout", *EXACT_LAYOUT])
 @pytest.mark.parametrize("case", ["baseline", "v1", "v2", "mqa"])
 def test_kernels_match_float64_on_fresh_inputs(kernel, case):
   rng = np.random.default_rng(seed_of(kernel, case))
@@ -156,7 +163,7 @@ def test_kernels_match_float64_on_fresh_inputs(kernel, case):
 
 
 @pytest.mark.parametrize("path", ["xla", "xla_blocks", "auto", "cudnn_layout",
-                                  "cudnn_exact_layout"])
+                                  "cudnn_exact_layout", "cudnn_exact_over_cap"])
 @pytest.mark.parametrize("case", ["v1", "v1_mha", "v2", "v2_mqa", "base"])
 def test_kernel_gradients_match_float64(path, case):
   """Forward and every input's gradient against the float64 softmax-Jacobian reference."""
@@ -221,12 +228,18 @@ def test_packed_segments_give_each_run_its_offset_and_length():
   """cuDNN's packed layout from segment ids: every contiguous run (id 0 included, as the segment
   mask treats it) is a sequence; unused entries are -1."""
   seg = jnp.asarray([[1, 1, 2, 2, 2, 3], [0, 0, 0, 0, 0, 0], [4, 5, 5, 5, 0, 0]], jnp.int32)
-  got = {k: np.asarray(v).tolist() for k, v in cudnn.packed_segments(seg).items()}
-  assert got["q_offsets"] == [[0, 2, 5, -1, -1, -1, -1], [0, -1, -1, -1, -1, -1, -1],
-                              [0, 1, 4, -1, -1, -1, -1]]
-  assert got["q_seqlen"] == [[2, 3, 1, -1, -1, -1], [6, -1, -1, -1, -1, -1],
-                             [1, 3, 2, -1, -1, -1]]
+  packed, over_cap = cudnn.packed_segments(seg, max_segments=4)
+  got = {k: np.asarray(v).tolist() for k, v in packed.items()}
+  assert got["q_offsets"] == [[0, 2, 5, -1, -1], [0, -1, -1, -1, -1], [0, 1, 4, -1, -1]]
+  assert got["q_seqlen"] == [[2, 3, 1, -1], [6, -1, -1, -1], [1, 3, 2, -1]]
   assert got["kv_offsets"] == got["q_offsets"] and got["kv_seqlen"] == got["q_seqlen"]
+  assert not bool(over_cap)
+  # At the cap (3 runs, cap 3) the layout is whole; over it (cap 2) the rows are flagged.
+  packed, over_cap = cudnn.packed_segments(seg, max_segments=3)
+  assert np.asarray(packed["q_seqlen"]).tolist()[0] == [2, 3, 1] and not bool(over_cap)
+  assert bool(cudnn.packed_segments(seg, max_segments=2)[1])
+  # The cap never exceeds T: offsets [B, T + 1] at most.
+  assert cudnn.packed_segments(seg, max_segments=100)[0]["q_offsets"].shape == (3, 7)
 
 
 @pytest.mark.parametrize("kv_offsets_by_key_heads", [False, True])
@@ -255,7 +268,8 @@ def test_a_packed_cudnn_call_has_every_operand_at_the_query_width(case, kv_offse
   args = (q1, k1, v, q2, k2 if case == "v1" else None, lam)
   for separate in (False, True):
     for seg in (None, jnp.asarray(SEG)):
-      got = cudnn.attention(*args, core=recording_core, separate_calls=separate, segment_ids=seg)
+      got = cudnn.attention(*args, core=cudnn.equal_widths(recording_core),
+                            implementation="xla", separate_calls=separate, segment_ids=seg)
       want = ref.diff_kernel(*(None if a is None else np.asarray(a, np.float64) for a in args),
                              seg=None if seg is None else SEG, causal=True)
       assert rel_err(got, want) < 1e-5
@@ -283,3 +297,35 @@ def test_the_cudnn_kernel_says_once_which_layout_runs_and_why(capsys):
       cudnn.attention(q, q, v, q, q, 0.5, implementation="cudnn")
   out = capsys.readouterr().out
   assert out.count("cudnn: padded layout") == 1 and why in out
+
+
+def test_the_layout_switch_forces_the_padded_layout_and_a_bad_value_is_one_line(monkeypatch):
+  """DIFF_TRANSFORMER_CUDNN_LAYOUT=padded: the exact layout is refused with the switch named (so
+  a GPU job can run the padded layout without a code edit); any other value fails the config
+  check before any work, naming the variable."""
+  from diff_transformer.config import base_config, validate
+  from diff_transformer.errors import ConfigError
+  try:
+    monkeypatch.setenv(cudnn.LAYOUT_ENV, "padded")
+    cudnn.exact_reason.cache_clear()
+    assert cudnn.exact_reason() == f"{cudnn.LAYOUT_ENV}=padded forces it"
+    monkeypatch.setenv(cudnn.LAYOUT_ENV, "fast")
+    with pytest.raises(ConfigError, match=f"^{cudnn.LAYOUT_ENV}: 'fast' is not one of exact, padded"):
+      validate(base_config())
+  finally:
+    monkeypatch.undo()
+    cudnn.exact_reason.cache_clear()
+  assert cudnn.exact_reason() != f"{cudnn.LAYOUT_ENV}=padded forces it"
+
+
+def test_cudnn_refusal_names_what_cudnn_cannot_take():
+  from diff_transformer.kernels import auto
+  s = lambda *shape, dtype=jnp.bfloat16: jax.ShapeDtypeStruct(shape, dtype)
+  q, v = s(1, 8, 4, 102), s(1, 8, 4, 204)
+  assert auto.cudnn_refusal(q, q, v, compute_capability=9.0, exact=True) == (
+      "head width 102 (cuDNN takes multiples of 8 up to 256 on this GPU)")
+  assert "head width 204" in auto.cudnn_refusal(q, q, v, compute_capability=9.0)
+  q, v = s(1, 8, 4, 96), s(1, 8, 4, 192)
+  assert auto.cudnn_refusal(q, q, v, compute_capability=9.0, exact=True) == ""
+  assert "head width 192" in auto.cudnn_refusal(q, q, v, compute_capability=8.0)
+  assert "dtype float32" in auto.cudnn_refusal(s(1, 8, 4, 96, dtype=jnp.float32), q, q)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.gpu_check.stages import STAGES
+from benchmarks.gpu_check.stages import BY_NAME, JOB_SECONDS, JOBS, STAGES, check
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -132,6 +132,7 @@ def test_profile_and_decode_save_each_programs_optimised_hlo(results, check_fold
 
 @pytest.mark.parametrize("stages,status,words", [
     ("env", 2, "error: GPU_CHECK_STAGES entry 'env' is not stage:seconds"),
+    (" ", 2, "error: GPU_CHECK_STAGES names no stage"),
     ("env:40 bogus:10", 2, "entry 'bogus:10' is not stage:seconds"),
     ("env:1", 1, "error: stages failed or hit their cap: env"),  # env takes seconds: capped
 ])
@@ -147,7 +148,7 @@ def test_a_malformed_stage_is_named_before_any_runs_and_a_failed_stage_fails_the
 def test_the_shell_plans_every_stage_and_runs_one_in_its_own_process(tmp_path):
   plan = subprocess.run(["python3", "benchmarks/gpu_check/stages.py", "--plan", "--cpu"],
                         cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
-  assert plan == [f"{s.name}:{s.cpu_cap}" for s in STAGES if s.part]
+  assert plan == [f"{s.name}:{s.cpu_cap}" for s in STAGES if s.in_all]
   proc = subprocess.run(["bash", "tools/gpu_check.sh", "--cpu", str(tmp_path)], cwd=ROOT,
                         capture_output=True, text=True, timeout=120,
                         env={**os.environ, "GPU_CHECK_STAGES": "tests:60"})
@@ -173,7 +174,7 @@ def test_the_train_stage_can_make_one_state_at_a_time(tmp_path, monkeypatch):
   from benchmarks.gpu_check import common, train
   monkeypatch.setitem(common.OPTIONS, "states", "one")
   monkeypatch.setitem(common.OPTIONS, "labels", ("auto",))
-  monkeypatch.setattr(train, "PAPER_VARIANTS", ("transformer", "diff"))  # two interleave
+  monkeypatch.setitem(common.OPTIONS, "variants", ("transformer", "diff"))  # two interleave
   train.stage_train(tmp_path, cpu=True, seconds=240)
   record = json.loads((tmp_path / "gpu_check_train.json").read_text())
   assert record["states"] == "one at a time" and record["orbax"].startswith("not run")
@@ -181,3 +182,44 @@ def test_the_train_stage_can_make_one_state_at_a_time(tmp_path, monkeypatch):
                                                                               "diff"}
   assert [c["tokens_per_s_vs_transformer"]["n"] for c in record["cells"]] == [2, 2]
   assert all(c["step_s"]["n"] == record["rounds"] for c in record["cells"])
+
+
+def test_each_gpu_job_fits_its_window_and_names_known_stages():
+  """A time-limited GPU job: its stages' caps add up to at most 8 minutes (the machine's start
+  comes on top), every entry is one the shell accepts."""
+  for job, entries in JOBS.items():
+    assert sum(cap for _, cap, _ in entries) <= JOB_SECONDS == 480, job
+    assert all(name in BY_NAME for name, _, _ in entries)
+    assert check([f"{n}:{c}" + (f":{a}" if a else "") for n, c, a in entries]) == ""
+
+
+@pytest.mark.parametrize("job", sorted(JOBS))
+def test_each_gpu_job_rehearses_on_cpu_through_the_shell(tmp_path, job):
+  """The job's own entries (filters and all) through tools/gpu_check.sh at tiny shapes: every
+  stage exits 0 and no cell is an error; job 1 trains causal and document-masked rows, job 2
+  the 3B rows' entry."""
+  proc = subprocess.run(["bash", "tools/gpu_check.sh", "--job", str(job), "--cpu", str(tmp_path)],
+                        cwd=ROOT, capture_output=True, text=True, timeout=400)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  records = {p.stem.removeprefix("gpu_check_"): json.loads(p.read_text())
+             for p in tmp_path.glob("gpu_check_*.json")}
+  cells = [c for r in records.values() for c in r.get("cells", [])]
+  assert cells and not [c for c in cells if "error" in c or c.get("ok") is False]
+  if job == 1:
+    assert set(records) == {"env", "correctness", "kernels_exact", "train_830m_full"}
+    train = records["train_830m_full"]["cells"]
+    assert {(c["variant"], c["mask"]) for c in train} == {
+        *((v, "causal") for v in ("transformer", "diff", "shared_diff", "diff_v2")),
+        ("diff", "document"), ("transformer", "document")}
+    assert all(c["tokens_per_s"] > 0 for c in train)
+    assert {(c["layout"], c["packed"]) for c in records["correctness"]["cells"]} == {
+        (size, packed) for size in ("830m", "3b") for packed in (False, True)}
+  else:
+    assert set(records) == {"train_3b_full", "profile_exact", "decode_command_buffers"}
+
+
+def test_an_unknown_job_is_refused_before_anything_runs(tmp_path):
+  proc = subprocess.run(["bash", "tools/gpu_check.sh", "--job", "3", "--cpu", str(tmp_path)],
+                        cwd=ROOT, capture_output=True, text=True, timeout=60)
+  assert proc.returncode == 2 and "invalid choice" in proc.stderr
+  assert not list(tmp_path.iterdir())

@@ -27,6 +27,20 @@ def short_config(variant: str):
   return validate(c)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def default_corpus():
+  """The built-in corpus prepared once, as train.py does on first use (under a lock the test
+  workers share), so this module passes when run alone."""
+  from filelock import FileLock
+  from diff_transformer.data import ensure_prepared
+  from diff_transformer.data.common import cache_root
+  data = short_config("diff").data
+  root = cache_root(data.cache_dir)
+  root.mkdir(parents=True, exist_ok=True)
+  with FileLock(str(root / "shakespeare.lock")):
+    return ensure_prepared(data)
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_loss_falls_on_default_corpus(variant, tmp_path):
   from diff_transformer.runs.restore import restore_model

@@ -187,3 +187,33 @@ def test_deterministic_training_asks_xla_before_the_backend_starts(monkeypatch):
   with pytest.raises(TrainError, match="train.deterministic: the device backend already started"):
     request_determinism(True)
   assert not request_determinism(False)
+
+
+def test_without_the_document_mask_a_packed_row_is_one_causal_sequence():
+  """data.document_mask=False (the DIFF paper's training): a row of packed documents attends
+  causally end to end with positions 0..T-1, which is the masked step on one document a row;
+  with the mask the documents' losses differ from that."""
+  import numpy as np
+  from diff_transformer.mesh import make_mesh
+  from diff_transformer.training.step import Trainer
+  c = base_config()
+  c.model.update(dict(variant="diff", vocab_size=64, d_model=32, num_layers=1, num_heads=1,
+                      head_dim=16, ffn_dim=64, max_seq_len=16))
+  c.mesh.data, c.train.global_batch_size = 1, 2
+  rng = np.random.default_rng(5)
+  tokens_BT = rng.integers(0, 64, (2, 12)).astype(np.int32)
+  seg_BT = np.asarray([[1] * 5 + [2] * 7, [1] * 3 + [2] * 4 + [3] * 5], np.int32)
+  starts = np.asarray([[0] * 5 + [5] * 7, [0] * 3 + [3] * 4 + [7] * 5])
+  packed = dict(inputs=tokens_BT, targets=np.roll(tokens_BT, -1, 1),
+                weights=np.ones((2, 12), np.float32), segment_ids=seg_BT,
+                positions=(np.arange(12) - starts).astype(np.int32))
+  one_document = dict(packed, segment_ids=np.ones((2, 12), np.int32),
+                      positions=np.tile(np.arange(12, dtype=np.int32), (2, 1)))
+  masked = Trainer(c, make_mesh(c.mesh))
+  state = masked.init(seed=2)
+  c.data.document_mask = False
+  causal = Trainer(c, make_mesh(c.mesh))
+  assert not causal.packed_rows and masked.packed_rows
+  got = causal.eval_step(state, packed)[0]
+  np.testing.assert_allclose(got, masked.eval_step(state, one_document)[0], rtol=1e-6)
+  assert abs(float(got) - float(masked.eval_step(state, packed)[0])) > 1e-4

@@ -4,8 +4,13 @@
 #
 #   bash tools/gpu_check.sh --fetch-wheels   # here (with pip access): the packages the GPU image
 #                                            # lacks, as Python 3.12 wheels, into .whl/
-#   bash tools/gpu_check.sh [--part 1|2] [OUT]  # on the GPU machine (default OUT: $OUT or
-#                                            # benchmarks/results); installs .whl/ with --no-deps
+#   bash tools/gpu_check.sh --job 1|2 [OUT]  # on the GPU machine, one time-limited job (its
+#                                            # stages' caps add up to 8 minutes; default OUT: $OUT
+#                                            # or benchmarks/results); installs .whl/ with --no-deps
+#   bash tools/gpu_check.sh [OUT]            # every stage at its own cap (longer than one job)
+#   bash tools/gpu_check.sh --job 1 --cpu [OUT]  # a job rehearsed at tiny shapes on any machine
+#   DIFF_TRANSFORMER_CUDNN_LAYOUT=padded bash tools/gpu_check.sh --job 1
+#                                            # the same, the cudnn path in its padded layout
 #   GPU_CHECK_STAGES="kernels:150:--lengths=4096,8192+--tag=_long" bash tools/gpu_check.sh OUT
 #                                            # chosen stages, caps and arguments
 #   bash tools/gpu_check.sh --cpu [OUT]      # tiny shapes, Pallas interpreted, on any machine
@@ -18,13 +23,14 @@ if [[ "${1:-}" == "--fetch-wheels" ]]; then
   gpu_fetch_wheels
   exit
 fi
-MODE=() PART=0
-# The stages, their caps and their parts are benchmarks/gpu_check/stages.py's table.
-if [[ "${1:-}" == "--part" ]]; then PART="$2"; shift 2; fi
+MODE=() JOB=0
+# The stages, their caps and the two jobs are benchmarks/gpu_check/stages.py's tables.
+if [[ "${1:-}" == "--job" ]]; then JOB="${2:-}"; shift 2 || exit 2; fi
 if [[ "${1:-}" == "--cpu" ]]; then MODE=(--cpu); shift; fi
 STAGES_PY=(python3 benchmarks/gpu_check/stages.py)  # plain Python: no jax, before gpu_env
-read -r -a CAPS <<< "$("${STAGES_PY[@]}" --plan --part "$PART" "${MODE[@]}")"
-if [[ -n "${GPU_CHECK_STAGES:-}" ]]; then  # e.g. "correctness:100 decode:60" for a rerun
+PLAN="$("${STAGES_PY[@]}" --plan --job "$JOB" "${MODE[@]}")" || exit 2  # an unknown job: exit 2
+read -r -a CAPS <<< "$PLAN"
+if [[ -n "${GPU_CHECK_STAGES+set}" ]]; then  # e.g. "correctness:100 decode:60" for a rerun
   read -r -a CAPS <<< "$GPU_CHECK_STAGES"
 fi
 "${STAGES_PY[@]}" --check "${CAPS[@]}" || exit 2  # every entry named before any stage runs

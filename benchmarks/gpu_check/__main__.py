@@ -11,6 +11,9 @@ from benchmarks.gpu_check import ROOT
 from benchmarks.gpu_check.common import OPTIONS
 from benchmarks.gpu_check.decode import COMMAND_BUFFERS
 from benchmarks.gpu_check.stages import BY_NAME, STAGES
+from diff_transformer.model.attention import PAPER_VARIANTS
+
+MASKS = ("causal", "document")
 
 
 def positive_ints(text: str) -> tuple[int, ...]:
@@ -54,6 +57,17 @@ def main() -> None:
   p.add_argument("--tag", default="", help="suffix of the output file's name")
   p.add_argument("--cases", default="", help="correctness: the groups to run, e.g. "
                  "gqa:256,packed:256,mha:2048,3b:2048:packed (layout or packed, then T)")
+  p.add_argument("--dtypes", default="bfloat16,float32", help="correctness: the dtypes each "
+                 "path runs in on a GPU")
+  p.add_argument("--variants", default="", help="correctness, kernels, train: only these "
+                 "variants, e.g. diff,transformer (default: all four)")
+  p.add_argument("--paths", default="", help="correctness, kernels: only these attention paths, "
+                 "e.g. cudnn,cudnn_padded,pallas (default: every path the stage has)")
+  p.add_argument("--masks", default="causal", help="train: comma-separated among causal (rows "
+                 "causal end to end, as the DIFF paper trains) and document (packed documents "
+                 "masked from each other, data.document_mask)")
+  p.add_argument("--document_variants", default="diff,transformer",
+                 help="train: the variants the document mask is timed for")
   p.add_argument("--command_buffers", default="default", help="decode: comma-separated "
                  "settings of the per-token step's XLA command buffers, among "
                  f"{','.join(COMMAND_BUFFERS)} (decode.py says what each is)")
@@ -65,6 +79,18 @@ def main() -> None:
   if unknown:
     p.error(f"--command_buffers must name settings among {','.join(COMMAND_BUFFERS)}; "
             f"got {args.command_buffers!r}")
+  split = lambda text: tuple(t for t in text.split(",") if t)
+  for name, values, known in (("--variants", split(args.variants), PAPER_VARIANTS),
+                              ("--document_variants", split(args.document_variants),
+                               PAPER_VARIANTS),
+                              ("--masks", split(args.masks), MASKS),
+                              ("--dtypes", split(args.dtypes), ("bfloat16", "float32"))):
+    unknown = [v for v in values if v not in known]
+    if unknown or (name in ("--masks", "--dtypes") and not values):
+      p.error(f"{name} must name values among {','.join(known)}; got {','.join(values)!r}")
+  OPTIONS.update(variants=split(args.variants) or PAPER_VARIANTS, paths=split(args.paths),
+                 masks=split(args.masks), document_variants=split(args.document_variants),
+                 dtypes=split(args.dtypes))
   OPTIONS.update(lengths=list(args.lengths) or None,
                  labels=tuple(args.labels.split(",")), tag=args.tag,
                  cases=tuple(c for c in args.cases.split(",") if c), size=args.size,
@@ -75,7 +101,7 @@ def main() -> None:
                  batches=args.batches or None)
   out = Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
-  for stage in ([s for s in STAGES if s.part] if args.stage == "all" else [BY_NAME[args.stage]]):
+  for stage in ([s for s in STAGES if s.in_all] if args.stage == "all" else [BY_NAME[args.stage]]):
     start = time.time()
     print(f"== {stage.name}", flush=True)
     module = importlib.import_module(f"benchmarks.gpu_check.{stage.module}")

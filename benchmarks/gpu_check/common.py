@@ -18,6 +18,7 @@ import numpy as np
 
 from bench_common import paper_config, small_config
 from diff_transformer.errors import first_line
+from diff_transformer.kernels import auto, cudnn
 from diff_transformer.paths import write_atomic
 
 PACKAGES = ("jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda13-pjrt", "flax", "optax",
@@ -30,10 +31,15 @@ PACKAGES = ("jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda13-pjrt", "flax", "op
 # preset the model stages build), states and rounds (train: all | one | auto, as
 # train.one_state_at_a_time says; its timed rounds on a GPU),
 # command_buffers and batches (decode: the step's compile settings, the batch sizes replacing
-# the stage's on a GPU).
+# the stage's on a GPU), variants and paths (what the correctness, kernels and train stages
+# run; empty paths: all), masks and document_variants (train: causal rows and/or
+# document-masked rows, the latter for these variants).
 OPTIONS: dict = dict(lengths=None, labels=("auto", "other"), tag="", cases=(), size="830m",
                      train_layers=12, remat="none", train_tokens=16384, states="auto", rounds=5,
-                     command_buffers=("default",), batches=None)
+                     command_buffers=("default",), batches=None,
+                     variants=("transformer", "diff", "shared_diff", "diff_v2"), paths=(),
+                     masks=("causal",), document_variants=("diff", "transformer"),
+                     dtypes=("bfloat16", "float32"))
 
 
 def lengths_or(default: tuple[int, ...]) -> tuple[int, ...]:
@@ -80,6 +86,22 @@ class Deadline:
 
   def left(self) -> float:
     return self.end - time.time()
+
+
+def chosen_paths(paths: dict) -> dict:
+  """The stage's paths that OPTIONS['paths'] names (all where it names none)."""
+  return {k: v for k, v in paths.items() if not OPTIONS["paths"] or k in OPTIONS["paths"]}
+
+
+def cudnn_refused(path: str, p) -> str:
+  """Why cuDNN refuses kernel call `p` on `path` ('' where it takes it or the path is not
+  cuDNN's): its dtype, or a head width (Shared DIFF's 3B heads are 102 wide); named and skipped
+  rather than failing the stage's other cells. The padded layout checks one width (q/k padded to
+  the value's), the exact layout q/k and values each."""
+  if not path.startswith("cudnn") or jax.default_backend() != "gpu":
+    return ""
+  exact = path != "cudnn_padded" and not (path == "cudnn" and cudnn.exact_reason())
+  return auto.cudnn_refusal(p.q1, p.k1, p.v, exact=exact)
 
 
 def error_text(e: BaseException) -> str:

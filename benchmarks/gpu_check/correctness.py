@@ -17,11 +17,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from bench_common import paper_config, small_config
-from benchmarks.gpu_check.common import (OPTIONS, Deadline, Record, compile_all, error_text,
-                                         lengths_or, lower_or_error)
+from benchmarks.gpu_check.common import (OPTIONS, Deadline, Record, chosen_paths, compile_all,
+                                         cudnn_refused, error_text, lengths_or, lower_or_error)
 from diff_transformer.kernels import cudnn, reference, xla
 from diff_transformer.kernels.pallas import attention as pallas_attention
-from diff_transformer.model.attention import PAPER_VARIANTS, spec_from_config
+from diff_transformer.model.attention import spec_from_config
 from diff_transformer.model.spec import ModelSpec
 from diff_transformer.training.metrics import kernel_inputs
 from tests.helpers.kernels import (ARG_NAMES, exact_cpu_attention, np_attention,
@@ -36,23 +36,25 @@ def paths(cpu: bool, configs: dict | None = None) -> dict:
   """name -> kernel function of the contract (kernels/common.py). 'cudnn' is what the model
   runs (the exact layout where cudnn.exact_reason() allows it), 'cudnn_padded' the padded layout,
   'cudnn_two_calls' DIFF V1's maps as two calls sharing v, and 'cudnn_packed_as_is' packed rows
-  with GQA heads and wider values passed to cuDNN as they are (whether jax and XLA offset each
-  operand by its own stride: if it passes, the exact layout needs no equal-width packed call).
-  On CPU Pallas is interpreted, 'cudnn' runs the padded layout through XLA and
-  'cudnn_exact_layout' the exact layout with an exact CPU attention in cuDNN's place."""
+  with GQA heads and wider values passed to cuDNN's entry as they are, without
+  `cudnn.equal_widths` (whether jax and XLA offset each operand by its own stride: if it passes,
+  the exact layout needs no equal-width packed call). On CPU Pallas is interpreted, 'cudnn'
+  runs the padded layout through XLA and 'cudnn_exact_layout' the exact layout with an exact CPU
+  attention in cuDNN's place. OPTIONS['paths'] keeps some of them."""
   out = {"reference": reference.attention, "xla": xla.attention}
   for name, kw in (configs or {"pallas": {}}).items():
     out[name] = functools.partial(pallas_attention, **kw)
   if cpu:
     out["cudnn"] = functools.partial(cudnn.attention, implementation="xla")
-    out["cudnn_exact_layout"] = functools.partial(cudnn.attention, core=exact_cpu_attention)
+    out["cudnn_exact_layout"] = functools.partial(
+        cudnn.attention, core=cudnn.equal_widths(exact_cpu_attention), implementation="xla")
   else:
     out["cudnn"] = functools.partial(cudnn.attention, implementation="cudnn")
     if not cudnn.exact_reason():
       out["cudnn_padded"] = functools.partial(cudnn.attention, padded=True)
       out["cudnn_two_calls"] = functools.partial(cudnn.attention, separate_calls=True)
-      out["cudnn_packed_as_is"] = functools.partial(cudnn.attention, packed_as_is=True)
-  return out
+      out["cudnn_packed_as_is"] = functools.partial(cudnn.attention, core=cudnn.cudnn_exact)
+  return chosen_paths(out)
 
 
 def fwd_bwd(kernel, names):
@@ -132,21 +134,29 @@ def correctness_spec(variant: str, layout: str, dtype: str, cpu: bool) -> ModelS
   return spec_from_config(c.model)
 
 
+def _cases(cpu: bool, lengths: tuple[int, ...]) -> list[tuple[str, int, bool]]:
+  """(layout, T, packed) groups: small heads at every length, the paper presets' own head
+  widths at the longest, unpacked and packed; or OPTIONS['cases'], e.g.
+  "gqa:256,packed:256,mha:2048,3b:2048:packed" (on CPU, a rehearsal, at the CPU length)."""
+  if OPTIONS["cases"]:
+    return [("gqa" if c[0] == "packed" else c[0], lengths[0] if cpu else int(c[1]),
+             c[0] == "packed" or c[2:] == ["packed"])
+            for c in (case.split(":") for case in OPTIONS["cases"])]
+  cases = [(layout, T, False) for T in lengths for layout in ("mha", "gqa")]
+  cases.insert(2, ("gqa", lengths[0], True))
+  if not cpu:
+    cases += [(size, lengths[-1], packed) for size in ("830m", "3b") for packed in (False, True)]
+  return cases
+
+
 def stage_correctness(out: Path, cpu: bool, seconds: float) -> None:
   """One group (variant, layout, length, packing) at a time: its programs (every path, both
   dtypes) compiled together, run, compared with the group's oracle and written; shorter
   lengths first, so a stage cut short has every variant at the short length."""
   deadline = Deadline(seconds - 10)
   lengths, dtypes, batch = ((32,), ("float32",), 2) if cpu else (lengths_or((256, 2048)),
-                                                                   ("bfloat16", "float32"), 2)
-  cases = [(layout, T, False) for T in lengths for layout in ("mha", "gqa")]
-  cases.insert(2, ("gqa", lengths[0], True))
-  if not cpu:  # the paper presets' own head widths, at the longest length, unpacked and packed
-    cases += [(size, lengths[-1], packed) for size in ("830m", "3b") for packed in (False, True)]
-  if OPTIONS["cases"]:  # a rerun of chosen groups: "gqa:256,packed:256,mha:2048,3b:2048:packed"
-    cases = [("gqa" if c[0] == "packed" else c[0], int(c[1]),
-              c[0] == "packed" or c[2:] == ["packed"])
-             for c in (case.split(":") for case in OPTIONS["cases"])]
+                                                                   OPTIONS["dtypes"], 2)
+  cases = _cases(cpu, lengths)
   kernels = paths(cpu)
   rec = Record(out, "correctness", tolerance=TOLERANCE, batch=batch, lengths=lengths,
                dtypes=dtypes, paths=list(kernels),
@@ -157,7 +167,7 @@ def stage_correctness(out: Path, cpu: bool, seconds: float) -> None:
   with ThreadPoolExecutor(4) as oracle_pool:
     groups = []
     for layout, T, packed in cases:
-      for variant in PAPER_VARIANTS:
+      for variant in OPTIONS["variants"]:
         p = kernel_inputs(correctness_spec(variant, layout, dtypes[0], cpu), T, batch)
         host = host_inputs(p, rng, packed)
         args, seg, do = host
@@ -178,6 +188,10 @@ def stage_correctness(out: Path, cpu: bool, seconds: float) -> None:
         for path, kernel in kernels.items():
           if path == "cudnn_packed_as_is" and seg is None:  # unpacked, it is 'cudnn' itself
             continue
+          refused = cudnn_refused(path, p)
+          if refused:
+            programs.append((dtype, path, refused, names))
+            continue
           key = (path, signature(names, structs, seg))
           if key not in compiled:
             lowered[key] = lower_or_error(fwd_bwd(kernel, names), structs, do, seg)
@@ -189,6 +203,9 @@ def stage_correctness(out: Path, cpu: bool, seconds: float) -> None:
       for dtype, path, key, names in programs:
         cell = dict(cell0, dtype=dtype, path=path,
                     shapes={n: list(np.shape(args[n])) for n in names})
+        if isinstance(key, str):  # cuDNN refuses these inputs: named, not run
+          rec.add(dict(cell, skipped=f"cuDNN refuses {key}"))
+          continue
         program = compiled[key]
         if isinstance(program, BaseException):
           rec.add(dict(cell, ok=False, error=error_text(program)))
@@ -212,7 +229,7 @@ def worst_table(cells: list[dict]) -> dict:
   """{path: {dtype: worst error over every variant, layout and length, or why none}}."""
   table: dict = {}
   for c in cells:
-    if "path" not in c:  # a group the stage's cap skipped
+    if "path" not in c or "skipped" in c:  # a group the cap skipped, or cuDNN refused
       continue
     slot = table.setdefault(c["path"], {}).setdefault(c["dtype"], dict(worst=0.0, cells=0, failed=0))
     if "worst" in c:

@@ -11,8 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from bench_common import interleaved_times, paper_config, small_config, spread, temp_bytes
-from benchmarks.gpu_check.common import (OPTIONS, Deadline, Record, compile_all, error_text,
-                                         lengths_or, lower_or_error)
+from benchmarks.gpu_check.common import (OPTIONS, Deadline, Record, compile_all, cudnn_refused,
+                                         error_text, lengths_or, lower_or_error)
 from benchmarks.gpu_check.correctness import fwd_bwd, out_struct, paths, signature
 from diff_transformer.kernels import executed_flops
 from diff_transformer.model.attention import PAPER_VARIANTS, spec_from_config, variant_class
@@ -32,7 +32,7 @@ def stage_kernels(out: Path, cpu: bool, seconds: float) -> None:
   tokens, lengths = (128, (64,)) if cpu else (16384, lengths_or((2048, 4096, 8192)))
   rounds, inner = (2, 1) if cpu else (7, 3)
   kernels = paths(cpu, None if cpu else PALLAS_CONFIGS)
-  kernels.pop("reference")
+  kernels.pop("reference", None)
   kernels.pop("cudnn_packed_as_is", None)  # timed only once the correctness stage passes it
   rec = Record(out, "kernels", tokens_per_call=tokens, lengths=lengths, rounds=rounds,
                inner=inner, paths=list(kernels), dtype="bfloat16",
@@ -44,15 +44,18 @@ def stage_kernels(out: Path, cpu: bool, seconds: float) -> None:
     at_T = [c for c in cells if c["T"] == T]
     start = time.time()
     if deadline.left() > 0:
-      compiled.update(compile_all({c["key"]: lowered[c["key"]] for c in at_T}, 16))
+      compiled.update(compile_all({c["key"]: lowered[c["key"]] for c in at_T
+                                   if "skipped" not in c}, 16))
     compile_s[T] = round(time.time() - start, 1)
     rec.set(compile_s=compile_s)
-    if any(c["key"] not in compiled for c in at_T):
+    if any(c["key"] not in compiled for c in at_T if "skipped" not in c):
       for c in at_T:
         rec.add(dict(_public(c), skipped="stage time cap"))
       continue
     calls = {}
     for i, c in enumerate(at_T):
+      if "skipped" in c:
+        continue
       program = compiled[c["key"]]
       if isinstance(program, BaseException):
         c["error"] = error_text(program)
@@ -70,9 +73,15 @@ def stage_kernels(out: Path, cpu: bool, seconds: float) -> None:
       for c in at_T:
         rec.add(dict(_public(c), skipped="stage time cap"))
       continue
+    for i in list(calls):  # each call alone first: a failing path costs only its own cell
+      try:
+        jax.block_until_ready(calls[i]())
+      except Exception as e:  # e.g. a refusal or out of memory, recorded per cell
+        at_T[i]["error"] = error_text(e)
+        del calls[i]
     try:
-      times = interleaved_times(calls, rounds, inner, deadline)
-    except Exception as e:  # e.g. out of memory at the longest length
+      times = interleaved_times(calls, rounds, inner, deadline, warm=False)
+    except Exception as e:  # a failure only in company (memory): every cell of this length says so
       times = {}
       for c in at_T:
         c.setdefault("error", error_text(e))
@@ -91,7 +100,7 @@ def _cells(kernels: dict, tokens: int, lengths: tuple[int, ...], cpu: bool) -> t
   cells, lowered = [], {}
   for T in lengths:
     batch = max(1, tokens // T)
-    for variant in PAPER_VARIANTS:
+    for variant in OPTIONS["variants"]:
       if cpu:
         spec = spec_from_config(small_config(variant, seq_len=T, batch=batch,
                                                   dtype="bfloat16").model)
@@ -106,6 +115,11 @@ def _cells(kernels: dict, tokens: int, lengths: tuple[int, ...], cpu: bool) -> t
       seg = jax.ShapeDtypeStruct((batch, T), jnp.int32)
       for path, kernel in kernels.items():
         key = (path, signature(names, structs, seg))
+        refused = cudnn_refused(path, p)
+        if refused:
+          cells.append(dict(variant=variant, T=T, batch=batch, path=path, key=key,
+                            skipped=f"cuDNN refuses {refused}"))
+          continue
         if key not in lowered:
           lowered[key] = lower_or_error(fwd_bwd(kernel, names), structs, do, seg)
         base_path = path.split("_")[0]  # pallas_w4 counts as pallas, cudnn_padded as cudnn

@@ -25,7 +25,7 @@ from bench_common import Stepper, interleaved_times, spread, synthetic_batch
 from benchmarks.gpu_check.common import (OPTIONS, Deadline, Record, compile_all, error_text,
                                          lengths_or, model_config)
 from diff_transformer.mesh import global_batch, make_mesh
-from diff_transformer.model.attention import PAPER_VARIANTS, spec_from_config
+from diff_transformer.model.attention import spec_from_config
 from diff_transformer.params import count
 from diff_transformer.runs.checkpoint import Checkpointer
 from diff_transformer.runs.layout import fingerprint
@@ -51,56 +51,39 @@ def stage_train(out: Path, cpu: bool, seconds: float, timing: bool = True) -> No
                lengths=lengths, rounds=rounds, steps_per_round=steps, peak_tflops=peak, peak_source=peak_source,
                preset="small_config" if cpu else f"configs/scaling.py <variant>-{OPTIONS['size']}, "
                f"num_layers {layers or 'full depth'}, bfloat16, remat {OPTIONS['remat']}")
-  # CPU mode checks this stage's code, not speeds, so the other kernel runs for DIFF V1 alone
-  # (every variant's Pallas train step is checked against XLA's in tests/test_pallas_model.py).
-  other_variants = ("diff",) if cpu else PAPER_VARIANTS
-  runs, lowered = [], {}
-  for T in lengths:
-    batch = max(1, tokens // T)
-    for label in OPTIONS["labels"] if timing else ("auto",):
-      for variant in PAPER_VARIANTS if label == "auto" else other_variants:
-        if not timing and (variant, label, T) != ("diff", "auto", lengths[0]):
-          continue
-        auto = model_config(variant, cpu, seq_len=T, batch=batch, kernel="auto")
-        chosen = executed_flops_per_token(spec_from_config(auto.model), T)[1]
-        kernel = "auto" if label == "auto" else next(k for k in FUSED if k != chosen)
-        run = dict(variant=variant, T=T, batch=batch, label=label, kernel=kernel,
-                   runs=chosen if kernel == "auto" else kernel)
-        try:
-          config = model_config(variant, cpu, seq_len=T, batch=batch, kernel=kernel)
-          trainer = Trainer(config, make_mesh(config.mesh))
-          data = global_batch(trainer.mesh, synthetic_batch(batch, T, config.model.vocab_size))
-          lowered[len(runs)] = trainer.lower_train_step(data)
-          spec = trainer.spec
-          run.update(trainer=trainer, data=data, params=count(spec)["params"],
-                     model_flops=train_flops_per_token(spec, T) * batch * T,
-                     executed_flops=executed_flops_per_token(
-                         spec, T, packed=trainer.packed_rows)[0] * batch * T)
-        except Exception as e:  # recorded per run
-          lowered[len(runs)] = e
-        runs.append(run)
+  masks = OPTIONS["masks"] if timing else ("causal",)
+  runs, lowered = _runs(cpu, timing, tokens, lengths, masks)
   start = time.time()
   compiled = compile_all(lowered, 16)
   rec.set(compile_s=round(time.time() - start, 1), programs=len(lowered))
   one_state, state_gib = one_state_at_a_time(runs)
   rec.set(states="one at a time" if one_state else "all resident", state_gib=state_gib)
   states = {}
-  for T in lengths:
-    for label in ("auto", "other"):
-      group = [(i, r) for i, r in enumerate(runs) if r["T"] == T and r["label"] == label]
-      ready = {}
-      for i, r in group:
-        if isinstance(compiled[i], BaseException):
-          r["error"] = error_text(compiled[i])
-          continue
+  for T, label, mask in ((T, label, mask) for T in lengths for label in ("auto", "other")
+                         for mask in masks):
+    group = [(i, r) for i, r in enumerate(runs)
+             if (r["T"], r["label"], r["mask"]) == (T, label, mask)]
+    ready = {}
+    for i, r in group:
+      if isinstance(compiled[i], BaseException):
+        r["error"] = error_text(compiled[i])
+        continue
+      try:
         if r["variant"] not in states and not one_state:
           states[r["variant"]] = r["trainer"].init()
-        ready[i] = r
-      if timing and deadline.left() > 0 and ready:
+      except Exception as e:  # e.g. out of memory: recorded, the others go on
+        r["error"] = error_text(e)
+        continue
+      ready[i] = r
+    if timing and deadline.left() > 0 and ready:
+      try:
         _time_group(ready, compiled, states, rounds, steps, peak * 1e12, one_state)
-      for i, r in group if timing else ():
-        rec.add({k: v for k, v in r.items() if k not in ("trainer", "data")}
-                | ({} if i in ready or "error" in r else dict(skipped="stage time cap")))
+      except Exception as e:  # a failure only in company: every cell of the group says so
+        for r in ready.values():
+          r.setdefault("error", error_text(e))
+    for i, r in group if timing else ():
+      rec.add({k: v for k, v in r.items() if k not in ("trainer", "data")}
+              | ({} if "tokens_per_s" in r or "error" in r else dict(skipped="stage time cap")))
   rec.set(summary=train_summary(rec.data["cells"]))
   diff_run = next((i for i, r in enumerate(runs) if r["variant"] == "diff" and r["label"] == "auto"
                    and not isinstance(compiled[i], BaseException)), None)
@@ -111,6 +94,47 @@ def stage_train(out: Path, cpu: bool, seconds: float, timing: bool = True) -> No
     for variant in [v for v in states if v != "diff"]:  # room for the copies the check makes
       del states[variant]
     rec.set(orbax=_orbax_check(run["trainer"], compiled[diff_run], states["diff"], run["data"]))
+
+
+def _runs(cpu: bool, timing: bool, tokens: int, lengths: tuple[int, ...],
+          masks: tuple[str, ...]) -> tuple[list[dict], dict]:
+  """(one run per length, label, mask and variant, {index: its lowered step or the exception})."""
+  # CPU mode checks this stage's code, not speeds, so the other kernel runs for DIFF V1 alone
+  # (every variant's Pallas train step is checked against XLA's in tests/test_pallas_model.py).
+  other_variants = ("diff",) if cpu else OPTIONS["variants"]
+  runs, lowered = [], {}
+  for T, label, mask in ((T, label, mask) for T in lengths
+                         for label in (OPTIONS["labels"] if timing else ("auto",))
+                         for mask in masks):
+    batch = max(1, tokens // T)
+    variants = OPTIONS["variants"] if label == "auto" else other_variants
+    if mask == "document":
+      variants = [v for v in variants if v in OPTIONS["document_variants"]]
+    for variant in variants:
+      if not timing and (variant, label, T) != ("diff", "auto", lengths[0]):
+        continue
+      auto = model_config(variant, cpu, seq_len=T, batch=batch, kernel="auto")
+      chosen = executed_flops_per_token(spec_from_config(auto.model), T)[1]
+      kernel = "auto" if label == "auto" else next(k for k in FUSED if k != chosen)
+      run = dict(variant=variant, T=T, batch=batch, label=label, mask=mask, kernel=kernel,
+                 runs=chosen if kernel == "auto" else kernel)
+      try:
+        config = model_config(variant, cpu, seq_len=T, batch=batch, kernel=kernel)
+        config.data.document_mask = mask == "document"
+        trainer = Trainer(config, make_mesh(config.mesh))
+        # Document-masked rows pack about 3 documents a row, as the kernels stage's calls.
+        data = global_batch(trainer.mesh, synthetic_batch(
+            batch, T, config.model.vocab_size, documents=3.0 if mask == "document" else 1.0))
+        lowered[len(runs)] = trainer.lower_train_step(data)
+        spec = trainer.spec
+        run.update(trainer=trainer, data=data, params=count(spec)["params"],
+                   model_flops=train_flops_per_token(spec, T) * batch * T,
+                   executed_flops=executed_flops_per_token(
+                       spec, T, packed=trainer.packed_rows)[0] * batch * T)
+      except Exception as e:  # recorded per run
+        lowered[len(runs)] = e
+      runs.append(run)
+  return runs, lowered
 
 
 def stage_train_orbax(out: Path, cpu: bool, seconds: float) -> None:
@@ -139,6 +163,13 @@ def _time_group(ready: dict, compiled: dict, states: dict, rounds: int, steps: i
   at a time: before each variant's turn the last state is dropped, a fresh one made and
   stepped once (its warm-up), all untimed; the timed steps run as they would in training."""
   calls = {i: Stepper(compiled[i], r["data"], states, r["variant"]) for i, r in ready.items()}
+  if not one_state:  # each step alone first (its warm-up): a failing variant costs its own cell
+    for i in list(calls):
+      try:
+        jax.block_until_ready(calls[i]())
+      except Exception as e:  # recorded per run
+        ready[i]["error"] = error_text(e)
+        del calls[i]
 
   def fresh_state(i):
     states.clear()
@@ -146,10 +177,10 @@ def _time_group(ready: dict, compiled: dict, states: dict, rounds: int, steps: i
     jax.block_until_ready(calls[i]())
 
   times = interleaved_times(calls, rounds, inner=steps,
-                            before_call=fresh_state if one_state else None, warm=not one_state)
+                            before_call=fresh_state if one_state else None, warm=False)
   losses = {i: float(call.metrics["loss"]) for i, call in calls.items()}
-  base = next((i for i, r in ready.items() if r["variant"] == "transformer"), None)
-  for i, r in ready.items():
+  base = next((i for i in calls if ready[i]["variant"] == "transformer"), None)
+  for i, r in ((i, ready[i]) for i in calls):
     step_s = float(np.median(times[i]))
     r.update(step_s=spread(times[i]), tokens_per_s=r["batch"] * r["T"] / step_s,
              mfu=r["model_flops"] / step_s / peak_flops, hfu=r["executed_flops"] / step_s / peak_flops,
@@ -159,7 +190,8 @@ def _time_group(ready: dict, compiled: dict, states: dict, rounds: int, steps: i
 
 
 def train_summary(cells: list[dict]) -> list[dict]:
-  return [dict(T=c["T"], variant=c["variant"], kernel=c["kernel"], runs=c["runs"],
+  return [dict(T=c["T"], variant=c["variant"], mask=c.get("mask", "document"),
+               kernel=c["kernel"], runs=c["runs"],
                tokens_per_s=round(c["tokens_per_s"]), mfu=round(c["mfu"], 4),
                vs_transformer=c.get("tokens_per_s_vs_transformer", {}).get("median"))
           for c in cells if "tokens_per_s" in c]

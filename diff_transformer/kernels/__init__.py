@@ -49,8 +49,13 @@ def resolve(implementation: str, q1, k1, v, *, explicit_mask: bool = False) -> s
 
 
 def attention(q1, k1, v, q2=None, k2=None, lam=None, *, implementation: str = "xla", **kwargs):
+  """The kernel contract through `implementation`; `max_segments` (the documents a packed row
+  may hold in cuDNN's packed layout) reaches the cudnn kernel only."""
   implementation = resolve(implementation, q1, k1, v,
                            explicit_mask=kwargs.get("mask") is not None)
+  max_segments = kwargs.pop("max_segments", None)
+  if implementation == "cudnn" and max_segments is not None:
+    kwargs["max_segments"] = max_segments
   return KERNELS[implementation](q1, k1, v, q2, k2, lam, **kwargs)
 
 

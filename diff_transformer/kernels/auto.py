@@ -50,13 +50,24 @@ def choose(q1, k1, v, *, explicit_mask: bool = False, platform: str | None = Non
     return "xla"
   if platform == "tpu":
     return "pallas"
+  return "pallas" if cudnn_refusal(q1, k1, v, compute_capability=compute_capability) else "cudnn"
+
+
+def cudnn_refusal(q1, k1, v, *, compute_capability: float | None = None,
+                  exact: bool = False) -> str:
+  """'' where cuDNN takes these inputs (arrays or ShapeDtypeStructs), else why not, in one line.
+  Padded layout (default): q/k padded to the value width, one width; `exact`: q/k and values
+  at their own widths, each checked."""
+  if q1.dtype not in CUDNN_DTYPES:
+    return f"dtype {jnp.dtype(q1.dtype).name} (cuDNN takes bfloat16 or float16)"
   if compute_capability is None:
     compute_capability = local_compute_capability()
   limit = CUDNN_MAX_WIDTH["hopper" if compute_capability >= 9.0 else "older"]
-  width = max(k1.shape[-1], v.shape[-1])  # cudnn.py pads q/k to the value width
-  if q1.dtype in CUDNN_DTYPES and width <= limit and width % 8 == 0:
-    return "cudnn"
-  return "pallas"
+  widths = (k1.shape[-1], v.shape[-1]) if exact else (max(k1.shape[-1], v.shape[-1]),)
+  for width in widths:
+    if width % 8 or width > limit:
+      return f"head width {width} (cuDNN takes multiples of 8 up to {limit} on this GPU)"
+  return ""
 
 
 def local_compute_capability() -> float:

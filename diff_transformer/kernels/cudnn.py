@@ -7,38 +7,61 @@ The two softmax maps become extra query heads of ONE call:
   (autodiff sums the two halves of dV).
 
 - **exact** (where `exact_reason()` is '': jax's own cuDNN entry, jax._src.cudnn, on a CUDA GPU
-  with cuDNN >= 9.10 and compute capability 9.0+): q/k at the model's width with values wider
+  with cuDNN >= 9.10.2 and compute capability 9.0+): q/k at the model's width with values wider
   (cuDNN's "MLA" case: DIFF V1's d and 2d), and packed rows as cuDNN's packed layout (each
   contiguous run of one segment id a sequence of its own: `packed_segments`), so no dense
-  [B, 1, T, T] mask and no bias gradient. Packed offsets hold for q's head width only, so a
-  packed call has its values at q's width (`_exact`): DIFF V1's 2d-wide values as two d-wide
-  halves (and, before jax 0.11.2, GQA's k/v heads repeated).
-- **padded** (elsewhere, and for an explicit decoding mask): `jax.nn.dot_product_attention`,
-  which wants values as wide as keys: q and k are zero-padded to the value width (the scale stays
+  [B, 1, T, T] mask and no bias gradient. A row holds at most `max_segments` such sequences
+  (cuDNN's batch and its softmax statistics grow with that cap); a batch with a row over the
+  cap takes the padded layout instead (`lax.cond`, rematerialised, so it stores nothing when not
+  taken). Packed offsets hold for q's head width only, so a packed call has its values at q's
+  width (`equal_widths`): DIFF V1's 2d-wide values as two d-wide halves (and, before jax
+  0.11.2, GQA's k/v heads repeated).
+- **padded** (elsewhere, for an explicit decoding mask, and where the environment variable
+  DIFF_TRANSFORMER_CUDNN_LAYOUT=padded forces it): `jax.nn.dot_product_attention`, which wants
+  values as wide as keys: q and k are zero-padded to the value width (the scale stays
   1/sqrt(d), so the logits are unchanged) and segment ids become a dense mask.
 Which layout runs, and why, is said once per process.
 """
 from __future__ import annotations
 
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
 
+from diff_transformer.errors import ConfigError
 from diff_transformer.kernels import common
 
 Array = jax.Array
-MLA_MIN_CUDNN = 91000  # cuDNN 9.10: values wider than q/k (jax's "mla" check)
+# cuDNN 9.10.2: values wider than q/k (jax's "mla" check asks for 9.10; cudnn-frontend refuses
+# the bf16 forward of that case on 9.10.0 and 9.10.1).
+MLA_MIN_CUDNN = 91002
 # Packed rows: jax offsets k and v by the key's head count from 0.11.2 (earlier, by the
 # query's, which misplaces GQA's keys); by q's head width in every version.
 KV_OFFSETS_BY_KEY_HEADS = jax.__version_info__ >= (0, 11, 2)
+# The sequences (documents) a packed row may hold in cuDNN's packed layout (model.max_segments).
+# cuDNN's batch is rows x this cap, so its softmax statistics are [B * cap, heads, T] float32.
+MAX_SEGMENTS = 16
+LAYOUT_ENV = "DIFF_TRANSFORMER_CUDNN_LAYOUT"  # "padded" forces the padded layout; "" or "exact"
 _SAID: set[str] = set()
+
+
+def forced_layout() -> str:
+  """The layout DIFF_TRANSFORMER_CUDNN_LAYOUT forces ('padded'), or '' (the exact one where it
+  runs); any other value is a ConfigError naming the variable."""
+  value = os.environ.get(LAYOUT_ENV, "").strip()
+  if value not in ("", "exact", "padded"):
+    raise ConfigError(f"{LAYOUT_ENV}: '{value}' is not one of exact, padded (or unset)")
+  return "padded" if value == "padded" else ""
 
 
 @functools.cache
 def exact_reason() -> str:
   """'' when this process can call cuDNN at the model's own widths with packed rows, else why
   not (one line)."""
+  if forced_layout():
+    return f"{LAYOUT_ENV}=padded forces it"
   try:
     from jax._src.cudnn import fused_attention_stablehlo as entry
   except ImportError as e:
@@ -50,7 +73,7 @@ def exact_reason() -> str:
   except Exception as e:  # noqa: BLE001  (jax raises RuntimeError; a plugin may raise others)
     return f"cuDNN not found ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
   if version < MLA_MIN_CUDNN:
-    return f"cuDNN {version} is older than 9.10"
+    return f"cuDNN {version} is older than 9.10.2"
   if not entry.check_compute_capability("9.0"):
     return "the GPU's compute capability is below 9.0"
   return ""
@@ -62,22 +85,28 @@ def _say_once(line: str) -> None:
     print(line, flush=True)
 
 
-def packed_segments(segment_ids_BT: Array) -> dict[str, Array]:
+def packed_segments(segment_ids_BT: Array, max_segments: int = MAX_SEGMENTS
+                    ) -> tuple[dict[str, Array], Array]:
   """cuDNN's packed layout of rows whose documents are contiguous runs of one segment id: per
-  row, each run's start (`*_offsets`, [B, T + 1]) and length (`*_seqlen`, [B, T]), left-aligned,
-  unused entries -1. Within a contiguous run, causal by position in the row is causal by
-  position in the run, so this computes what the segment mask does."""
+  row, each of its first M = min(max_segments, T) runs' start (`*_offsets`, [B, M + 1]) and
+  length (`*_seqlen`, [B, M]), left-aligned, unused entries -1; and whether some row has more
+  than M runs (then the layout is incomplete and the caller takes another path). Within a
+  contiguous run, causal by position in the row is causal by position in the run, so this
+  computes what the segment mask does."""
   B, T = segment_ids_BT.shape
+  M = min(max_segments, T)
   pos = jnp.arange(T, dtype=jnp.int32)
   new_run = jnp.concatenate([jnp.ones((B, 1), bool),
                              segment_ids_BT[:, 1:] != segment_ids_BT[:, :-1]], axis=1)
-  starts = jnp.sort(jnp.where(new_run, pos, T), axis=1)  # the runs' starts in order, then T
-  valid = starts < T
-  ends = jnp.concatenate([starts[:, 1:], jnp.full((B, 1), T, starts.dtype)], axis=1)  # next start
-  seqlen = jnp.where(valid, ends - starts, -1).astype(jnp.int32)
-  offsets = jnp.concatenate([jnp.where(valid, starts, -1), jnp.full((B, 1), -1, starts.dtype)],
+  # The runs' starts in order, then T (a run's end is the next start).
+  starts = jnp.concatenate([jnp.sort(jnp.where(new_run, pos, T), axis=1),
+                            jnp.full((B, 1), T, jnp.int32)], axis=1)[:, :M + 1]
+  valid = starts[:, :M] < T
+  seqlen = jnp.where(valid, starts[:, 1:] - starts[:, :M], -1).astype(jnp.int32)
+  offsets = jnp.concatenate([jnp.where(valid, starts[:, :M], -1), jnp.full((B, 1), -1, jnp.int32)],
                             axis=1).astype(jnp.int32)
-  return dict(q_seqlen=seqlen, kv_seqlen=seqlen, q_offsets=offsets, kv_offsets=offsets)
+  over_cap = jnp.any(jnp.sum(new_run, axis=1) > M)
+  return dict(q_seqlen=seqlen, kv_seqlen=seqlen, q_offsets=offsets, kv_offsets=offsets), over_cap
 
 
 def cudnn_exact(q, k, v, *, scale, causal, q_seqlen=None, kv_seqlen=None, q_offsets=None,
@@ -94,30 +123,42 @@ def cudnn_exact(q, k, v, *, scale, causal, q_seqlen=None, kv_seqlen=None, q_offs
                                      mask_type=mask_type)
 
 
-def _exact(core, q, k, v, *, scale, causal, segment_ids, as_is: bool = False) -> Array:
+def equal_widths(core):
+  """`core` (a cuDNN-entry-like call) for packed rows: jax turns the token offsets into element
+  offsets with ONE per-token stride for q and the output and one for k and v (XLA reads Q/O and
+  K/V at them), both at q's head width (and, before jax 0.11.2, k/v must have q's heads: GQA's
+  are repeated, autodiff summing their gradients back). Values `parts` times as wide as q become
+  `parts` heads of q's width: [q; q], [k; k], [v_1; v_2] in one call, the outputs' halves put
+  back side by side. Unpacked calls pass as they are."""
+  def call(q, k, v, *, scale, causal, **packed):
+    heads, width = q.shape[2], q.shape[3]
+    kv_heads_ok = k.shape[2] == heads or KV_OFFSETS_BY_KEY_HEADS
+    if not packed or (kv_heads_ok and v.shape[3] == width):
+      return core(q, k, v, scale=scale, causal=causal, **packed)
+    if not kv_heads_ok:
+      k, v = (jnp.repeat(x, heads // k.shape[2], axis=2) for x in (k, v))
+    parts = v.shape[3] // width
+    if parts * width != v.shape[3]:
+      raise ValueError(f"cudnn packed rows: value width {v.shape[3]} is not a multiple of the "
+                       f"query width {width}")
+    o = core(jnp.concatenate([q] * parts, axis=2), jnp.concatenate([k] * parts, axis=2),
+             jnp.concatenate(jnp.split(v, parts, axis=3), axis=2), scale=scale, causal=causal,
+             **packed)
+    return jnp.concatenate(jnp.split(o, parts, axis=2), axis=3)
+  return call
+
+
+def _exact(core, q, k, v, *, scale, causal, segment_ids, max_segments: int, fallback) -> Array:
+  """One call in the exact layout; packed rows over the cap take `fallback` (the padded layout,
+  rematerialised: under a gradient a cond keeps both branches' residuals, and this one's are
+  then its inputs alone)."""
   if segment_ids is None:
     return core(q, k, v, scale=scale, causal=causal)
-  packed = packed_segments(segment_ids)
-  heads, width = q.shape[2], q.shape[3]
-  parts = v.shape[3] // width
-  kv_heads_ok = k.shape[2] == heads or KV_OFFSETS_BY_KEY_HEADS
-  if as_is or (kv_heads_ok and v.shape[3] == width):
-    return core(q, k, v, scale=scale, causal=causal, **packed)
-  # Packed rows: jax turns the token offsets into element offsets with ONE per-token stride for
-  # q and the output and one for k and v (XLA reads Q/O and K/V at them), both at q's head
-  # width, so the values must be as wide as q (and, before jax 0.11.2, k/v have q's heads: GQA's
-  # are repeated, autodiff summing their gradients back). Values `parts` times as wide as q
-  # become `parts` heads of q's width: [q; q], [k; k], [v_1; v_2] in one call, the outputs'
-  # halves put back side by side.
-  if not kv_heads_ok:
-    k, v = (jnp.repeat(x, heads // k.shape[2], axis=2) for x in (k, v))
-  if parts * width != v.shape[3]:
-    raise ValueError(f"cudnn packed rows: value width {v.shape[3]} is not a multiple of the "
-                     f"query width {width}")
-  o = core(jnp.concatenate([q] * parts, axis=2), jnp.concatenate([k] * parts, axis=2),
-           jnp.concatenate(jnp.split(v, parts, axis=3), axis=2), scale=scale, causal=causal,
-           **packed)
-  return jnp.concatenate(jnp.split(o, parts, axis=2), axis=3)
+  packed, over_cap = packed_segments(segment_ids, max_segments)
+  in_layout = lambda q, k, v: core(q, k, v, scale=scale, causal=causal, **packed)
+  over = jax.checkpoint(lambda q, k, v: fallback(q, k, v, scale=scale, causal=causal,
+                                                 segment_ids=segment_ids, mask=None))
+  return jax.lax.cond(over_cap, over, in_layout, q, k, v)
 
 
 def _padded(q, k, v, *, scale, causal, segment_ids, mask, implementation) -> Array:
@@ -135,28 +176,29 @@ def _padded(q, k, v, *, scale, causal, segment_ids, mask, implementation) -> Arr
 
 def attention(q1, k1, v, q2=None, k2=None, lam=None, *, segment_ids=None, causal=True, scale=None,
               mask=None, implementation: str = "cudnn", core=None, padded: bool = False,
-              separate_calls: bool = False, packed_as_is: bool = False) -> Array:
+              separate_calls: bool = False, max_segments: int = MAX_SEGMENTS) -> Array:
   """The kernel contract (kernels/common.py) through cuDNN. `core`: the exact layout's attention
-  call (default `cudnn_exact` where `exact_reason()` allows it; the tests put an exact CPU
-  attention in cuDNN's place); `padded`: the padded layout even where the exact one runs;
-  `separate_calls`: DIFF V1's two maps as two calls sharing v instead of one call over [v; v]
-  (the GPU check times all three); `packed_as_is`: packed rows go to cuDNN with GQA heads and
-  wider values as they are (wrong offsets unless jax and XLA scale each operand's own stride:
-  the GPU check runs it to find out)."""
+  call (default `equal_widths(cudnn_exact)` where `exact_reason()` allows it; the tests put an
+  exact CPU attention in cuDNN's place, the GPU check also the entry without `equal_widths`);
+  `implementation`: jax.nn.dot_product_attention's, for the padded layout (and for packed rows
+  over `max_segments`, which take it); `padded`: the padded layout even where the exact one
+  runs; `separate_calls`: DIFF V1's two maps as two calls sharing v instead of one call over
+  [v; v] (the GPU check times all three)."""
   common.check_shapes(q1, k1, v, q2, k2, lam)
   scale = common.default_scale(q1, scale)
   if core is None and implementation == "cudnn" and mask is None and not padded:
     why = exact_reason()
-    core = None if why else cudnn_exact
+    core = None if why else equal_widths(cudnn_exact)
     _say_once("cudnn: q/k at the model's width, packed rows in cuDNN's own layout" if not why
               else f"cudnn: padded layout (q/k padded to the value width, a dense segment mask): "
                    f"{why}")
-  if core is not None:
+  padded_call = functools.partial(_padded, implementation=implementation)
+  if core is not None and mask is None and not padded:
     call = functools.partial(_exact, core, scale=scale, causal=causal, segment_ids=segment_ids,
-                             as_is=packed_as_is)
+                             max_segments=max_segments, fallback=padded_call)
   else:
-    call = functools.partial(_padded, scale=scale, causal=causal, segment_ids=segment_ids,
-                             mask=mask, implementation=implementation)
+    call = functools.partial(padded_call, scale=scale, causal=causal, segment_ids=segment_ids,
+                             mask=mask)
   batch, q_len, heads, _ = q1.shape
   if q2 is None:
     return call(q1, k1, v)

@@ -11,6 +11,8 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from diff_transformer.kernels.cudnn import MAX_SEGMENTS
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
@@ -32,6 +34,10 @@ class ModelSpec:
   tie_embeddings: bool = False
   max_seq_len: int = 256
   kernel: str = "auto"  # kernels/auto.py: the exact path per platform and shapes
+  # The documents (segment runs) a packed row may hold in cuDNN's packed layout: its batch and
+  # softmax statistics grow with this cap; a batch with a row over it takes the padded layout
+  # (kernels/cudnn.py). Other kernels ignore it.
+  max_segments: int = MAX_SEGMENTS
   dtype: str = "float32"  # compute dtype; parameters, softmax and norm statistics stay float32
   remat: str = "none"
   init_std: float = 0.02

@@ -57,8 +57,11 @@ class Trainer:
     self.micro_batches = int(config.train.micro_batches)
     self.z_loss = float(config.train.z_loss)
     # Text rows pack documents (segment ids needed); a synthetic task's row is one sequence, so
-    # its all-ones segment ids are dropped and no kernel builds or differentiates a mask.
-    self.packed_rows = config.data.name not in synthetic.TASKS
+    # its all-ones segment ids are dropped and no kernel builds or differentiates a mask. With
+    # data.document_mask False a text row is one causal sequence too, positions 0..T-1.
+    text = config.data.name not in synthetic.TASKS
+    self.packed_rows = text and bool(config.data.document_mask)
+    self.row_positions = text and not config.data.document_mask
     self.layout = ModelLayout(self.spec, mesh)
     self.tx = make_optimizer(config.train, decay_mask(self.layout.param_variables, config.train))
     self.replicated = NamedSharding(mesh, P())
@@ -123,7 +126,8 @@ class Trainer:
     layer metrics (e.g. lambda, [L] each) come from the same forward as the logits."""
     model = nnx.merge(self.layout.graphdef, params, constants)
     segment_ids_BT = batch["segment_ids"] if self.packed_rows else None
-    logits_BTV, layer_metrics = model(batch["inputs"], batch["positions"], segment_ids_BT,
+    positions_BT = None if self.row_positions else batch["positions"]  # None: 0..T-1
+    logits_BTV, layer_metrics = model(batch["inputs"], positions_BT, segment_ids_BT,
                                       metric_weights_BT=batch["weights"])
     sums = loss.token_sums(logits_BTV, batch["targets"], batch["weights"])
     return loss.objective(sums[0], sums[1], self.z_loss, total_weight), (sums, layer_metrics)
@@ -192,11 +196,17 @@ class Trainer:
     with self.context():
       return self._train_step(state, batch)
 
-  def lower_train_step(self, batch: Batch) -> jax.stages.Lowered:
+  def lower_train_step(self, batch: Batch, platforms: tuple[str, ...] | None = None
+                       ) -> jax.stages.Lowered:
     """The train step lowered for the abstract state and `batch` (arrays or
-    ShapeDtypeStructs): compile() it for AOT memory analysis without running anything."""
+    ShapeDtypeStructs): compile() it for AOT memory analysis without running anything.
+    `platforms`: lower for these instead of this host's (e.g. ("cuda",) on a CPU host: its text
+    only, benchmarks/lower_cudnn.py)."""
     with self.context():
-      return self._train_step.lower(self.abstract_state, batch)
+      if platforms is None:
+        return self._train_step.lower(self.abstract_state, batch)
+      return self._train_step.trace(self.abstract_state, batch).lower(
+          lowering_platforms=platforms)
 
   def grads(self, state: State, batch: Batch):
     """(grads, mean loss) of one step without updating: for the sharding-equality tests."""

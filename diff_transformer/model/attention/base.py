@@ -203,7 +203,8 @@ class Attention(nnx.Module):
   def _attend(self, q1, k1, v, q2, k2, lam, **kw) -> Array:
     if self.logit_bits is not None:
       return reference.attention(q1, k1, v, q2, k2, lam, logit_bits=self.logit_bits, **kw)
-    return kernels.attention(q1, k1, v, q2, k2, lam, implementation=self.kernel, **kw)
+    return kernels.attention(q1, k1, v, q2, k2, lam, implementation=self.kernel,
+                             max_segments=self.spec.max_segments, **kw)
 
   # Helpers for the variants.
   def _dense(self, d_in: int, d_out: int, names, rngs, **kw) -> nnx.Linear:
