@@ -29,7 +29,7 @@ cli.default_platform()
 from absl import flags, logging  # noqa: E402
 
 from diff_transformer.errors import ConfigError  # noqa: E402
-from diff_transformer.study import invocations, markdown, runner, study_json  # noqa: E402
+from diff_transformer.study import invocations, markdown, runner, study_json, tuning  # noqa: E402
 from diff_transformer import launch  # noqa: E402
 
 flags.DEFINE_string("study", "configs/studies/retrieval.py", "Study file (defines STUDY).")
@@ -95,6 +95,7 @@ def main(argv):
     status, grid = runner.run(study, FLAGS.study, root, results, jobs=FLAGS.jobs,
                               train=not FLAGS.report_only, retrain=FLAGS.retrain_changed,
                               population=population)
+    study = tuning.resolve(study, grid)  # tuned cells as the grid chose them
     runs = runner.collect(study, results, grid)
     missing = [p for p in study.points() if p not in {r["point"] for r in runs}]
     ran = sum(s.startswith("ran") for s in status.values())

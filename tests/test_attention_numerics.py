@@ -75,6 +75,11 @@ def test_module_matches_float64(variant, kv, kernel):
     ("diff", dict(lambda_init=0.8, norm_out_scale="layer_rule")),
     ("shared_diff", dict(norm_out_scale="0.2")),
     ("transformer", dict(head_norm=True, norm_out_scale="0.2")),
+    # The branch's multiplier without a per-head norm (every variant takes it).
+    ("transformer", dict(norm_out_scale="0.5")),
+    ("diff", dict(subln=False, norm_out_scale="2.5")),
+    ("diff", dict(subln=False, norm_out_scale="layer_rule")),
+    ("diff_v2", dict(norm_out_scale="0.3")),
     ("diff_v2", dict(v2_pairing="halves")),
     ("diff_v2", dict(v2_lambda="none")),
     ("diff_v2", dict(v2_lambda="linear")),

@@ -43,9 +43,8 @@ def cfg(**model):
     (dict(norm_out_scale="big"), "model.norm_out_scale", "rule, layer_rule"),
     (dict(variant="transformer", num_heads=8, head_norm=True, norm_out_scale="layer_rule"),
      "model.norm_out_scale", "one of rule here"),
-    (dict(variant="transformer", num_heads=8, norm_out_scale="0.2"), "model.norm_out_scale",
-     "has none of"),
-    (dict(subln=False, norm_out_scale="0.2"), "model.norm_out_scale", "has none of"),
+    (dict(variant="diff_v2", num_heads=4, norm_out_scale="layer_rule"), "model.norm_out_scale",
+     "one of rule here"),
 ])
 def test_bad_model_configs(overrides, field, words):
   with pytest.raises(ConfigError) as e:

@@ -27,6 +27,9 @@ CASES = [  # (variant, gqa, tie, extra model fields)
     ("shared_diff", False, True, {"norm_out_scale": "0.3"}),  # folded into o_proj per layer
     ("diff_v2", True, False, {}),
     ("diff_v2", False, True, {}),
+    # a fixed multiplier before W_O on heads without a norm: folded into o_proj
+    ("transformer", False, False, {"norm_out_scale": "0.7"}),
+    ("diff_v2", True, False, {"norm_out_scale": "0.6"}),
 ]
 MAX_DIFF: dict[str, float] = {}
 

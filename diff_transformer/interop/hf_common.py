@@ -81,8 +81,11 @@ class Target:
     return {}
 
   def sidecar(self, spec: ModelSpec, params: Params, constants: Params) -> Params:
-    """Our tensors the HF ones cannot give back bit for bit (written beside the export)."""
-    return {}
+    """Our tensors the HF ones cannot give back bit for bit (written beside the export): W_O
+    itself where a fixed model.norm_out_scale is folded into o_proj."""
+    if branch_scale(spec) == 1.0:
+      return {}
+    return {"blocks.attn.wo.kernel": params["blocks.attn.wo.kernel"]}
 
   def shapes(self, spec: ModelSpec) -> dict[str, int]:
     """Rows of q_proj, k_proj, v_proj and columns of o_proj in the HF tensors."""
@@ -100,7 +103,7 @@ class Target:
             attn + "k_proj.weight": reorder_heads(a("attn.wk.kernel").T, range(spec.kv_heads),
                                                   d, rows),
             attn + "v_proj.weight": a("attn.wv.kernel").T,
-            attn + "o_proj.weight": a("attn.wo.kernel").T}
+            attn + "o_proj.weight": (a("attn.wo.kernel") * branch_scale(spec)).T}
 
   def attention_from_hf(self, spec: ModelSpec, q, k, v, o, get: Get, attn: str, put: Put,
                         layer: int) -> None:
@@ -110,15 +113,44 @@ class Target:
                                         rows).T)
     put("attn.wk.kernel", reorder_heads(k, range(spec.kv_heads), d, rows).T)
     put("attn.wv.kernel", v.T)
-    put("attn.wo.kernel", o.T)
+    put("attn.wo.kernel", o.T / branch_scale(spec))
 
   def check_import(self, spec: ModelSpec, sidecar: Params | None, folder: str) -> None:
     """Refuses an import this target cannot rebuild from the folder."""
 
   def after_import(self, spec: ModelSpec, ours: Params, hf: Params, sidecar: Params | None,
                    to_hf: Callable) -> Params:
-    """Our parameters after any sidecar is applied."""
-    return ours
+    """Our parameters with the sidecar's unfolded tensors, if they re-export to exactly the HF
+    tensors (else the HF weights' own unfolding, with a warning)."""
+    exact = reexports_exactly(spec, ours, hf, sidecar, to_hf, self.constants(spec))
+    if sidecar and exact is None:
+      print(f"warning: {SIDECAR} does not reproduce the HF weights (edited after export?); using "
+            "the HF weights unfolded", flush=True)
+    return exact or ours
+
+
+def branch_scale(spec: ModelSpec) -> np.float32:
+  """A fixed model.norm_out_scale of heads without a per-head norm, which an export folds into
+  o_proj (1 under the rule); targets with a norm of their own fold theirs themselves."""
+  fixed = spec.options.fixed_norm_out_scale
+  return np.float32(1.0 if fixed is None else fixed)
+
+
+def reexports_exactly(spec: ModelSpec, ours: Params, hf: Params, sidecar: Params | None,
+                      to_hf: Callable, constants: Params) -> Params | None:
+  """`ours` with the sidecar's tensors, if that re-exports to exactly the HF tensors; else None."""
+  if not sidecar:
+    return None
+  candidate = dict(ours)
+  candidate.update({k: np.asarray(v, np.float32) for k, v in sidecar.items()})
+  try:
+    again, _ = to_hf(spec, candidate, constants)
+  except KeyError:
+    again = {}
+  if again.keys() == hf.keys() and all(np.array_equal(again[k], np.asarray(hf[k], np.float32))
+                                       for k in again):
+    return candidate
+  return None
 
 
 def base_config(spec: ModelSpec, eot_id: int, target: Target) -> dict:

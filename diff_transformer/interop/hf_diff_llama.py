@@ -20,7 +20,8 @@ import numpy as np
 
 from diff_transformer.interop import InteropError
 from diff_transformer.interop.hf_common import (SIDECAR, Get, Layer, Params, Put, Target,
-                                                inverse, lambda_init, reorder_heads, rope_rows)
+                                                inverse, lambda_init, reexports_exactly,
+                                                reorder_heads, rope_rows)
 from diff_transformer.model.attention import variant_class
 from diff_transformer.model.spec import ModelSpec
 
@@ -134,14 +135,8 @@ class DiffLlama(Target):
     """The sidecar's unfolded attention tensors, if they re-export to exactly the HF tensors."""
     if not sidecar:
       return ours
-    candidate = dict(ours)
-    candidate.update({k: np.asarray(v, np.float32) for k, v in sidecar.items()})
-    try:
-      again, _ = to_hf(spec, candidate, self.constants(spec))
-    except KeyError:
-      again = {}
-    if again.keys() == hf.keys() and all(np.array_equal(again[k], np.asarray(hf[k], np.float32))
-                                         for k in again):
+    candidate = reexports_exactly(spec, ours, hf, sidecar, to_hf, self.constants(spec))
+    if candidate is not None:
       return candidate
     if _shared(spec):
       raise InteropError(f"model.variant: the folder's DiffLlama weights no longer match its "

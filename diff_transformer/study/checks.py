@@ -8,6 +8,7 @@ from diff_transformer.config import validate
 from diff_transformer.data import synthetic
 from diff_transformer.errors import ConfigError
 from diff_transformer.model.attention import known_variant, variant_names
+from diff_transformer.study.named import candidate_cells
 from diff_transformer.study.overrides import BySize
 from diff_transformer.study.stats import ALPHA
 
@@ -34,7 +35,9 @@ def _cells(study) -> None:
                         f"{chain[1:] + [parent]} must end at a registered variant, without a "
                         "cycle")
     source = study.lr_source(cell.name)
-    if study.lr_grid and cell.name in study.variants and source not in study.variants:
+    candidates = {c.name for c in candidate_cells(study.tuned, reachable=True)}
+    if (study.lr_grid and cell.name in study.variants and source not in study.variants
+        and source not in candidates):
       raise ConfigError(f"study {study.name}: derived cell '{cell.name}' trains at the lr of "
                         f"'{source}', which is not compared here; add it "
                         "to the variants or give the cell own_lr=True")
@@ -66,6 +69,26 @@ def _cells(study) -> None:
 
 
 
+def _tuned(study) -> None:
+  """Tuned cells: compared, distinct, with values, chosen on an lr grid; their candidates' names
+  new."""
+  names = [t.name for t in study.tuned]
+  taken = set(study.variants) | {c.name for c in study.derived}
+  for t in study.tuned:
+    if (t.name not in study.variants or names.count(t.name) > 1 or not study.lr_grid
+        or not t.values or len(set(t.values)) != len(t.values) or t.extend < 0
+        or study.derived_cell(t.parent) is None and not known_variant(t.parent)
+        or t.around and t.around not in names[:names.index(t.name)]):
+      raise ConfigError(f"study {study.name}: tuned cell '{t.name}' must be one of the compared "
+                        "variants, named once, with distinct values, a known parent, an lr "
+                        "grid to choose on and, if `around` another, that one named before it")
+    clash = [c.name for c in candidate_cells(study.tuned, reachable=True)
+             if c.name in taken and c.name.startswith(t.parent + "@")]
+    if clash:
+      raise ConfigError(f"study {study.name}: tuned cell '{t.name}': candidate names {clash} "
+                        "are taken by other cells")
+
+
 def check(study, design: bool = True) -> None:
   """Every point builds a valid config and (with `design`) the design can conclude; checked
   before any run."""
@@ -78,6 +101,7 @@ def check(study, design: bool = True) -> None:
                       f"registered ({', '.join(variant_names())}), module:Class or a derived "
                       f"cell's name, got {study.variants}")
   _cells(study)
+  _tuned(study)
   if study.eval_rows <= 0 or study.attention_rows <= 0 or study.ar_hit_context <= 0:
     raise ConfigError(f"study {study.name}: eval_rows, attention_rows and ar_hit_context must "
                       "be positive")

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Callable, NamedTuple
+from typing import Callable
 
 import ml_collections
 
@@ -34,28 +34,11 @@ from diff_transformer.data import synthetic
 from diff_transformer.errors import ConfigError
 from diff_transformer.model.attention import PAPER_VARIANTS
 from diff_transformer.study import checks
+from diff_transformer.study.named import Cell, Point, Tuned, candidate_cells
 from diff_transformer.study.overrides import BySize, at_lr, number, parse_set, set_key
 from diff_transformer.study.stats import ALPHA, seeds_needed, smallest_holm_p
 
 BASELINE = "transformer"
-
-
-class Point(NamedTuple):
-  variant: str
-  size: str  # '' in a study without sizes
-  seed: int
-  lr: float | None  # a grid point's lr; None for a compared point
-
-
-class Cell(NamedTuple):
-  """A compared cell beyond the variants: `parent` (a variant or another cell) with config
-  overrides, e.g. Cell("transformer@2x64", "transformer", (("model.num_heads", 2),
-  ("model.head_dim", 64)), own_lr=True). An ablation (own_lr=False) trains at the lr its
-  parent's grid chose; own_lr=True gives it a grid of its own."""
-  name: str
-  parent: str
-  overrides: tuple[tuple[str, object], ...] = ()
-  own_lr: bool = False
 
 
 def level(metric: str) -> float | None:
@@ -70,8 +53,13 @@ class Study:
   # variant -> full config; with `sizes`, (variant, size) -> full config
   make: Callable[..., ml_collections.ConfigDict]
   seeds: tuple[int, ...] = tuple(range(8))
+  # (cell, seeds): a cell on fewer of the seeds (its pairs: the seeds both cells have)
+  cell_seeds: tuple[tuple[str, tuple[int, ...]], ...] = ()
   variants: tuple[str, ...] = PAPER_VARIANTS  # what is compared: variants and derived cells
   derived: tuple[Cell, ...] = ()  # the cells among `variants` that are not registered variants
+  # Cells with one key chosen on the grid seeds (study/tuning.py); decided ones named below.
+  tuned: tuple[Tuned, ...] = ()
+  decided_tuned: tuple[str, ...] = ()
   # The primary family's pre-named (a, b) pairs, each a - b; empty: each variant - BASELINE.
   comparisons: tuple[tuple[str, str], ...] = ()
   # A published figure per pre-named pair (a, b, a - b in the source's units), shown beside the
@@ -90,15 +78,13 @@ class Study:
   # The one metric named before the run (its family: one comparison per variant), and the few
   # pre-named secondary metrics (one family, Holm within it). Every other metric is descriptive.
   primary: str = "steps_to_90"
-  # A pre-named 2 x 2: ((factor A, factor B), (cell with neither, A only, B only, both)). The
-  # report gives its four means, both main effects and the interaction, seed by seed with
-  # intervals, beside the primary family.
+  # A pre-named 2 x 2: ((factor A, factor B), (cell with neither, A only, B only, both)); the
+  # report gives its means, main effects and interaction, seed by seed with intervals.
   factorial: tuple[tuple[str, str], tuple[str, str, str, str]] | tuple[()] = ()
   secondary: tuple[str, ...] = ()
   # A study whose primary family cannot reach p < 0.05 runs only when marked exploratory.
   exploratory: bool = False
-  # A steps_to_<level> primary: a run stops once it reaches the level (its secondaries are then
-  # measured at that step).
+  # A steps_to_<level> primary: a run stops at the level (its secondaries measured there).
   stop_at_level: bool = False
   lr_grid: tuple[float, ...] = ()  # empty: every variant at its preset's lr
   lr_grid_steps: int = 0  # 0: the compared runs' steps (the full budget)
@@ -148,7 +134,10 @@ class Study:
     return dataclasses.replace(study, name=name) if name else study
 
   def derived_cell(self, name: str) -> Cell | None:
-    return next((c for c in self.derived if c.name == name), None)
+    """A derived cell, a tuned cell's candidate, or (until decided) a tuned cell as its parent."""
+    cells = self.derived + candidate_cells(self.tuned, reachable=True) + tuple(
+        Cell(t.name, t.parent) for t in self.tuned if t.name not in self.decided_tuned)
+    return next((c for c in cells if c.name == name), None)
 
   def root_variant(self, name: str) -> str:
     """The registered variant a compared name is built from."""
@@ -182,12 +171,23 @@ class Study:
   def cell_name(variant: str, size: str) -> str:
     return f"{variant}-{size}" if size else variant
 
+  def seeds_of(self, variant: str) -> tuple[int, ...]:
+    return dict(self.cell_seeds).get(variant, self.seeds)
+
   def points(self) -> list[str]:
-    return [f"{self.cell_name(v, z)}-s{s}" for s in self.seeds for v, z in self.cells()]
+    return [f"{self.cell_name(v, z)}-s{s}" for s in self.seeds for v, z in self.cells()
+            if s in self.seeds_of(v)]
 
   def grid_cells(self) -> list[str]:
-    return [self.cell_name(v, z) for v, z in self.cells()
-            if (not self.lr_grid_size or z == self.lr_grid_size) and self.lr_source(v) == v]
+    """Compared cells with an lr grid of their own, and the tuned cells' candidates."""
+    names = [v for v in self.variants if self.lr_source(v) == v and not self.is_tuned(v)]
+    names += [c.name for c in candidate_cells(self.tuned)]
+    return [self.cell_name(v, z) for z in (self.sizes or ("",)) for v in names
+            if not self.lr_grid_size or z == self.lr_grid_size]
+
+  def is_tuned(self, name: str) -> bool:
+    """A tuned cell not decided yet (no grid of its own; its points wait for the choice)."""
+    return any(t.name == name for t in self.tuned) and name not in self.decided_tuned
 
   def grid_point(self, cell: str, lr: float, seed: int) -> str:
     return f"{cell}-lr{lr:g}-s{seed}"
@@ -213,7 +213,9 @@ class Study:
     variant, _, size = cell.partition("-")
     seed_number = number(seed, int)
     grid_seed = seed_number is not None and seed_number[0] in self.lr_grid_seeds
-    if (variant not in self.variants or size not in (self.sizes or ("",)) or not seed_number or
+    known = self.variants + tuple(c.name for c in candidate_cells(self.tuned, reachable=True))
+    if ((variant not in known or (not has_lr and variant not in self.variants)) or
+        size not in (self.sizes or ("",)) or not seed_number or
         (has_lr and lr is None) or bool(has_lr) != grid_seed or
         (has_lr and self.lr_source(variant) != variant)):
       raise ConfigError(f"study {self.name}: unknown point '{point}'; points are "
@@ -265,7 +267,7 @@ class Study:
   def design(self) -> dict:
     """What the design can show: per family its size, the smallest p it can reach after Holm at
     this number of seeds, and the seeds it needs to reach p < 0.05."""
-    n = len(self.seeds)
+    n = min(len(self.seeds_of(v)) for v in self.variants)  # the fewest seeds a cell has
     return {family: dict(comparisons=m, smallest_p=smallest_holm_p(m, n),
                          can_resolve=bool(m) and smallest_holm_p(m, n) < ALPHA,
                          seeds_needed=seeds_needed(m) if m else 0)

@@ -27,3 +27,13 @@ def override_args(study: Study) -> tuple[str, ...]:
   stop = ((("train.stop_at_val_accuracy", study.level),) if study.stop_at_level and study.level
           else ())
   return tuple(f"--config.{k}={v}" for k, v in study.overrides + stop)
+
+
+def tuned_args(study: Study, point: str) -> tuple[str, ...]:
+  """train.py flags that pin a decided tuned cell's chosen setting (a child loading the study
+  file afresh does not know the choice)."""
+  variant = study.parse(point).variant
+  if variant not in study.decided_tuned:
+    return ()
+  chosen = study.derived_cell(study.derived_cell(variant).parent)
+  return tuple(f"--config.{k}={v}" for k, v in chosen.overrides)

@@ -16,8 +16,7 @@ from diff_transformer.evaluation import Settings, evaluate, floors
 from diff_transformer.model.attention import spec_from_config
 from diff_transformer.paths import write_atomic
 from diff_transformer.runs.folder import RunFolder
-from diff_transformer.study import grid as lr_grid
-from diff_transformer.study import pins, records, run_metrics
+from diff_transformer.study import pins, records, run_metrics, tuning
 from diff_transformer.study.definition import Study
 from diff_transformer.runs.record import setting
 
@@ -98,12 +97,14 @@ def run(study: Study, study_file: str, root: str | Path, results: str | Path | N
           status[p] = why
       found = {p: _grid_read(study, results, p, point_setting(study, p)) for p in points}
       return {p: r for p, r in found.items() if r is not None}
-    grid = lr_grid.tune(study, run_grid, trained_floor(study))
+    study, grid = tuning.tune(study, run_grid, trained_floor(study))
     write_atomic(results / "lr_grid.json", json.dumps(grid, indent=1) + "\n")
   lrs = point_lrs(study, grid)
-  # every grid lr failed: nothing to compare these cells at
+  # every grid lr failed, or a tuned cell's setting is not chosen yet: nothing to train at
   skipped = [p for p in study.points() if grid and lrs[p] is None]
-  status.update({p: "not run: every lr of its grid failed" for p in skipped})
+  status.update({p: ("not run: its tuned setting is not chosen yet (a candidate's grid is "
+                     "incomplete)" if study.is_tuned(study.parse(p).variant) else
+                     "not run: every lr of its grid failed") for p in skipped})
   status.update(_run_points(study, study_file, root, results,
                             [p for p in study.points() if p not in skipped], jobs, train,
                             retrain, population, lrs=lrs))
@@ -128,7 +129,8 @@ def _run_points(study: Study, study_file: str, root: Path, results: Path, points
   def on_done(point: str, workdir: str) -> None:
     record(study, point, Path(workdir), results, configs[point], settings[point])
   point_args = {p: (pins.grid_args(study, p) if grid else
-                    pins.lr_args(study, p, lrs[p]) if lrs.get(p) is not None else ())
+                    (pins.lr_args(study, p, lrs[p]) if lrs.get(p) is not None else ())
+                    + pins.tuned_args(study, p))
                 for p in todo}
   ran = launch.run(study, study_file, str(root), points=todo,
                    extra_args=pins.override_args(study), point_args=point_args,
@@ -243,7 +245,8 @@ def point_setting(study: Study, point: str, lr: float | None = None) -> dict:
 def point_lrs(study: Study, grid: dict) -> dict[str, float | None]:
   """The lr each compared point trains at: its grid cell's choice (None: the preset's, or every
   grid lr failed when there is a grid)."""
-  return {p: grid["chosen"][study.grid_cell(p)] if grid else None for p in study.points()}
+  return {p: grid["chosen"].get(study.grid_cell(p)) if grid and not
+          study.is_tuned(study.parse(p).variant) else None for p in study.points()}
 
 
 def collect(study: Study, results: str | Path, grid: dict) -> list[dict]:

@@ -61,8 +61,9 @@ def lambda_init(layer: int) -> float:
 def diff_v1(x_BTD, w, *, h, K, d, layer, seg=None, theta=1e4, subln=True, shared=False,
             lam_init=None, out_scale=None):
   """DIFF V1 (or Shared DIFF with shared=True) attention sub-layer, float64. lam_init: a constant
-  lambda_init instead of the layer rule; out_scale: the multiplier after the sub-layer norm, a
-  number or "layer_rule" (1 - the layer rule's lambda_init), instead of (1 - lambda_init)."""
+  lambda_init instead of the layer rule; out_scale: the branch's multiplier before W_O (after the
+  sub-layer norm, where there is one), a number or "layer_rule" (1 - the layer rule's
+  lambda_init), instead of (1 - lambda_init) with the norm and 1 without."""
   B, T, _ = x_BTD.shape
   pos = np.arange(T, dtype=np.float64)
   lam0 = lambda_init(layer) if lam_init is None else lam_init
@@ -89,15 +90,19 @@ def diff_v1(x_BTD, w, *, h, K, d, layer, seg=None, theta=1e4, subln=True, shared
       a1 = softmax_map(q1[:, i], k1[:, g], ok, d ** -0.5)
       a2 = softmax_map(q2[:, i], k2[:, g], ok, d ** -0.5)
       head = (a1 - lam * a2) @ v[:, g]
+      rule = 1.0
       if subln:
         head = head / np.sqrt(np.mean(head ** 2, -1, keepdims=True) + EPS) * w["subln_scale"]
-        head = head * ((1 - lam0) if out_scale is None else
-                       (1 - lambda_init(layer)) if out_scale == "layer_rule" else out_scale)
+        rule = 1 - lam0
+      head = head * (rule if out_scale is None else
+                     (1 - lambda_init(layer)) if out_scale == "layer_rule" else out_scale)
       out[b, :, i * 2 * d:(i + 1) * 2 * d] = head
   return out @ w["wo/kernel"]
 
 
-def diff_v2(x_BTD, w, *, h, K, d, seg=None, theta=1e4, pairing="interleaved", lam_mode="sigmoid"):
+def diff_v2(x_BTD, w, *, h, K, d, seg=None, theta=1e4, pairing="interleaved", lam_mode="sigmoid",
+            out_scale=None):
+  """DIFF V2's sub-layer, float64; out_scale: a fixed multiplier before W_O (None: 1)."""
   B, T, _ = x_BTD.shape
   pos = np.arange(T, dtype=np.float64)
   out = np.zeros((B, T, h * d))
@@ -114,7 +119,7 @@ def diff_v2(x_BTD, w, *, h, K, d, seg=None, theta=1e4, pairing="interleaved", la
     for j in range(h):
       a, c = (2 * j, 2 * j + 1) if pairing == "interleaved" else (j, h + j)
       out[b, :, j * d:(j + 1) * d] = o[a] - lam[:, j:j + 1] * o[c]
-  return out @ w["wo/kernel"]
+  return (out if out_scale is None else out * out_scale) @ w["wo/kernel"]
 
 
 def transformer(x_BTD, w, *, N, K, d, seg=None, theta=1e4, head_norm=False, out_scale=None):
@@ -132,6 +137,6 @@ def transformer(x_BTD, w, *, N, K, d, seg=None, theta=1e4, head_norm=False, out_
       head = softmax_map(q[:, n], k[:, g], ok, d ** -0.5) @ v[:, g]
       if head_norm:  # per-head RMSNorm, one gain for all heads
         head = head / np.sqrt(np.mean(head ** 2, -1, keepdims=True) + EPS) * w["head_norm_scale"]
-        head = head * (1.0 if out_scale is None else out_scale)
+      head = head * (1.0 if out_scale is None else out_scale)  # before W_O, norm or not
       out[b, :, n * d:(n + 1) * d] = head
   return out @ w["wo/kernel"]

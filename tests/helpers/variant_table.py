@@ -112,7 +112,8 @@ TABLE: dict[str, Entry] = {
         oracle=lambda s, w, x, seg, layer: ref.diff_v2(x, w, h=s.num_heads, K=s.kv_heads,
                                                        d=s.head_dim, seg=seg,
                                                        pairing=s.options.v2_pairing,
-                                                       lam_mode=s.options.v2_lambda),
+                                                       lam_mode=s.options.v2_lambda,
+                                                       out_scale=_out_scale(s)),
         attention_params=lambda s: (s.d_model * 2 * s.num_heads * s.head_dim
                                     + 2 * s.d_model * s.kv_heads * s.head_dim
                                     + s.num_heads * s.head_dim * s.d_model

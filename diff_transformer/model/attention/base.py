@@ -55,9 +55,11 @@ class VariantOptions:
 
 @dataclasses.dataclass(frozen=True)
 class NormOutOptions(VariantOptions):
-  """model.norm_out_scale, the multiplier after a per-head output norm: "rule" is the variant's
-  own, a positive number (written as text, "0.2") is fixed in every layer. A variant with
-  other named rules lists them in NORM_OUT_RULES; `has_norm` says whether its norm is on."""
+  """model.norm_out_scale, the attention branch's multiplier before W_O (after the per-head output
+  norm where the variant has one, which gave the key its name): "rule" is the variant's own (1
+  where it has none), a positive number (written as text, "0.2") is fixed in every layer. A
+  variant with other named rules lists them in NORM_OUT_RULES. Under Adam a fixed multiplier s
+  is W_O's initial scale and learning rate times s (docs/semantics.md)."""
   norm_out_scale: str = "rule"
   NORM_OUT_RULES: ClassVar[tuple[str, ...]] = ("rule",)
 
@@ -69,10 +71,6 @@ class NormOutOptions(VariantOptions):
     except ValueError:
       return None
 
-  @property
-  def has_norm(self) -> bool:
-    raise NotImplementedError
-
   def check(self) -> None:
     if self.norm_out_scale == "rule":
       return
@@ -81,10 +79,6 @@ class NormOutOptions(VariantOptions):
         fixed is not None and 0 < fixed < float("inf")):
       raise ConfigError(f"model.norm_out_scale: '{self.norm_out_scale}' is not a positive number "
                         f"or one of {', '.join(self.NORM_OUT_RULES)} here")
-    if not self.has_norm:
-      raise ConfigError("model.norm_out_scale: scales a per-head output norm, which this model "
-                        "has none of (transformer: model.head_norm=True; diff, shared_diff: "
-                        "model.subln=True)")
 
 
 def lambda_init_value(layer_idx, constant: float | None):
@@ -218,10 +212,18 @@ class Attention(nnx.Module):
     return rope(x_BTNH, positions_BT, self.spec.rope_theta, self.spec.rope_pairs)
 
   def _norm_out_scale(self, rule) -> Array:
-    """The multiplier after the per-head norm: the variant's `rule`, or model.norm_out_scale's
-    fixed number."""
+    """The attention branch's multiplier before W_O: the variant's `rule`, or
+    model.norm_out_scale's fixed number."""
     fixed = self.spec.options.fixed_norm_out_scale
     return rule if fixed is None else jnp.asarray(fixed, jnp.float32)
+
+  def _scaled(self, o_BTNH: Array, rule=None) -> Array:
+    """o times the branch's multiplier, in the compute dtype: the variant's `rule` (None: no
+    multiplier of its own, as for heads without a norm) or model.norm_out_scale's number."""
+    if rule is None and self.spec.options.fixed_norm_out_scale is None:
+      return o_BTNH
+    scale = self._norm_out_scale(1.0 if rule is None else rule)
+    return (o_BTNH * scale).astype(self.spec.compute_dtype)
 
   def _merge(self, o_BTNH: Array) -> Array:
     return o_BTNH.reshape(*o_BTNH.shape[:2], math.prod(o_BTNH.shape[2:]))

@@ -25,16 +25,13 @@ from diff_transformer.sharding import EMBED, HEADS, HEAD_DIM, KV_HEADS, NORM
 
 @dataclasses.dataclass(frozen=True)
 class DiffOptions(NormOutOptions):
-  """DIFF paper Table 6's ablations. norm_out_scale: "rule" is (1 - lambda_init); "layer_rule"
-  is 1 - (0.8 - 0.6 exp(-0.3 l)) even where lambda_init is a constant; or a fixed number."""
+  """DIFF paper Table 6's ablations. norm_out_scale: "rule" is (1 - lambda_init) after the
+  sub-layer norm (1 without it); "layer_rule" is 1 - (0.8 - 0.6 exp(-0.3 l)) even where
+  lambda_init is a constant; or a fixed number."""
   subln: bool = True  # per-head RMSNorm with one (2d,) gain, then * norm_out_scale
   lambda_init: float | None = None  # None = 0.8 - 0.6 exp(-0.3 l), l counted from 0
   lambda_std: float = 0.1
   NORM_OUT_RULES = ("rule", "layer_rule")
-
-  @property
-  def has_norm(self) -> bool:
-    return self.subln
 
   def check(self) -> None:
     super().check()
@@ -114,9 +111,9 @@ class DiffAttention(Attention):
     return Projected(q1=q1, k1=k1, v=v_BTKH, q2=q2, k2=k2, lam=self.lam())
 
   def output(self, o_BTNH, p):
-    if self.spec.options.subln:
-      rule = (self.norm_out_rule[...] if self.spec.options.norm_out_scale == "layer_rule"
-              else 1.0 - self.lambda_init[...])
-      o_BTNH = rms_normalize(o_BTNH, self.subln_scale[...]) * self._norm_out_scale(rule)
-      o_BTNH = o_BTNH.astype(self.spec.compute_dtype)
-    return self.wo(self._merge(o_BTNH))
+    o = self.spec.options
+    rule = self.norm_out_rule[...] if o.norm_out_scale == "layer_rule" else None
+    if o.subln:
+      o_BTNH = rms_normalize(o_BTNH, self.subln_scale[...])
+      rule = 1.0 - self.lambda_init[...] if rule is None else rule
+    return self.wo(self._merge(self._scaled(o_BTNH, rule)))

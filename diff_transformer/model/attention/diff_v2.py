@@ -14,17 +14,18 @@ import jax.numpy as jnp
 from flax import nnx
 
 from diff_transformer.errors import ConfigError
-from diff_transformer.model.attention.base import Attention, Projected, VariantOptions
+from diff_transformer.model.attention.base import Attention, NormOutOptions, Projected
 from diff_transformer.model.roles import Lambda, declare
 from diff_transformer.sharding import EMBED, HEADS, KV_HEADS, LAMBDA_HEADS
 
 
 @dataclasses.dataclass(frozen=True)
-class DiffV2Options(VariantOptions):
+class DiffV2Options(NormOutOptions):
   v2_pairing: str = "interleaved"  # interleaved (even/odd, shares K/V) or halves (crosses groups)
   v2_lambda: str = "sigmoid"  # sigmoid, none (o1 - o2), linear (lambda without sigmoid)
 
   def check(self) -> None:
+    super().check()  # model.norm_out_scale: no norm here, so "rule" is 1
     if self.v2_pairing not in ("interleaved", "halves"):
       raise ConfigError(f"model.v2_pairing: '{self.v2_pairing}' is not one of interleaved, halves")
     if self.v2_lambda not in ("sigmoid", "none", "linear"):
@@ -95,4 +96,4 @@ class DiffV2Attention(Attention):
       h = self.spec.num_heads
       lam_BTN1 = jnp.broadcast_to(p.out_lam, o_BTNH.shape[:2] + (h,))[..., None]
       o_BTNH = (o_BTNH[:, :, :h] - lam_BTN1 * o_BTNH[:, :, h:]).astype(o_BTNH.dtype)
-    return self.wo(self._merge(o_BTNH))
+    return self.wo(self._merge(self._scaled(o_BTNH)))

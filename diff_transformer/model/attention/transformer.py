@@ -15,13 +15,9 @@ from diff_transformer.sharding import EMBED, HEADS, KV_HEADS, NORM
 @dataclasses.dataclass(frozen=True)
 class TransformerOptions(NormOutOptions):
   # Per-head RMSNorm of each head's output with one (d,) gain shared by the heads, the
-  # Transformer's analog of DIFF's sub-layer norm (DIFF paper Table 6, "+ GroupNorm"); then
-  # times norm_out_scale ("rule": 1).
+  # Transformer's analog of DIFF's sub-layer norm (DIFF paper Table 6, "+ GroupNorm"). Either
+  # way the heads are then times norm_out_scale ("rule": 1).
   head_norm: bool = False
-
-  @property
-  def has_norm(self) -> bool:
-    return self.head_norm
 
 
 class TransformerAttention(Attention):
@@ -45,7 +41,7 @@ class TransformerAttention(Attention):
     return Projected(q1=q_BTNH, k1=k_BTKH, v=self._heads(self.wv(x_BTD), s.kv_heads))
 
   def output(self, o_BTNH, p):
+    rule = None
     if self.spec.options.head_norm:
-      o_BTNH = rms_normalize(o_BTNH, self.head_norm_scale[...]) * self._norm_out_scale(1.0)
-      o_BTNH = o_BTNH.astype(self.spec.compute_dtype)
-    return self.wo(self._merge(o_BTNH))
+      o_BTNH, rule = rms_normalize(o_BTNH, self.head_norm_scale[...]), 1.0
+    return self.wo(self._merge(self._scaled(o_BTNH, rule)))

@@ -1,0 +1,98 @@
+"""Tuned cells (study/tuning.py): a compared cell's setting of one key chosen on the grid seeds by
+the grid's own judge, grown by x2 at a winning numeric end, an `around` cell searching its
+reference's choice /2, x1, x2, and the decided cell trained and recorded as the chosen candidate.
+The grid runs are replaced by records whose loss is a known function of (scale, lr)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import pytest
+
+from configs.studies.lm_tuned import STUDY
+from diff_transformer.errors import ConfigError
+from diff_transformer.study import Tuned, pins, tuning
+
+# The loss each candidate reaches: best lr 4e-3 for every cell; DIFF best at the smallest named
+# scale 0.1 (so the grid grows to 0.05, which is worse), the Transformer at its rule.
+SCALE_LOSS = {"diff": {"0.05": 1.62, "0.1": 1.60, "0.2": 1.61, "0.4": 1.63, "rule": 1.70},
+              "transformer": {"0.25": 1.70, "0.5": 1.66, "rule": 1.65, "2": 1.67, "1": 1.651}}
+
+
+def fake_loss(cell: str, lr: float) -> float:
+  parent, _, value = cell.rpartition("@scale")
+  base = SCALE_LOSS["transformer" if parent.startswith("transformer") else "diff"]
+  return base.get(value, 1.9) + 0.01 * math.log(lr / 4e-3) ** 2 + 0.001 * ("@L4" in parent)
+
+
+def run_fake(study, asked: list):
+  def run_points(points):
+    asked.extend(points)
+    out = {}
+    for point in points:
+      p = study.parse(point)
+      loss = fake_loss(p.variant, p.lr)
+      out[point] = dict(loss=loss, final_loss=loss, unigram_entropy=5.0, val_accuracy=None)
+    return out
+  return run_points
+
+
+@pytest.fixture(scope="module")
+def tuned():
+  study = STUDY.validate()
+  asked: list[str] = []
+  decided, grid = tuning.tune(study, run_fake(study, asked), math.nan)
+  return study, decided, grid, asked
+
+
+def test_the_best_scale_is_chosen_and_a_winning_end_grows(tuned):
+  _, decided, grid, asked = tuned
+  diff = grid["tuned"]["diff@tuned"]
+  assert diff["value"] == "0.1" and diff["lr"] == 4e-3 and diff["grown"] == ["0.05"]
+  assert any(p.startswith("diff@scale0.05-lr") for p in asked)  # the grown candidate ran
+  assert grid["tuned"]["transformer@tuned"]["value"] == "rule"  # the rule sits at 1: no growth
+  assert grid["tuned"]["transformer@tuned"]["grown"] == []
+  assert decided.lr_source("diff@tuned") == "diff@scale0.1"
+  config = decided.resolved_config("diff@tuned-s0", 4e-3)
+  assert config.model.norm_out_scale == "0.1" and config.model.variant == "diff"
+  assert pins.tuned_args(decided, "diff@tuned-s0") == ("--config.model.norm_out_scale=0.1",)
+
+
+def test_an_around_cell_searches_its_references_choice(tuned):
+  _, decided, grid, asked = tuned
+  assert grid["tuned"]["diff@L4@tuned"]["resolved"] == ["0.05", "0.1", "0.2"]
+  assert not any(p.startswith("diff@L4@scale0.4") for p in asked)  # outside /2, x1, x2
+  # The Transformer's 2-layer choice is its rule (not a number): its own list, which is /2, x1,
+  # x2 around 1.
+  assert grid["tuned"]["transformer@L4@tuned"]["resolved"] == ["0.5", "rule", "2"]
+  assert decided.resolved_config("diff@L4@tuned-s0", 4e-3).model.num_layers == 4
+
+
+def test_the_decision_is_rebuilt_from_lr_grid_json(tuned):
+  """study.py resolves the study from the written grid (a report from records alone)."""
+  study, decided, grid, _ = tuned
+  again = tuning.resolve(study, json.loads(json.dumps(grid)))
+  assert again.decided_tuned == decided.decided_tuned
+  assert [again.lr_source(v) for v in again.variants] == [decided.lr_source(v)
+                                                          for v in decided.variants]
+  assert again.points() == decided.points()
+
+
+def test_an_incomplete_grid_decides_nothing():
+  study = STUDY.validate()
+  done = set(study.grid_points()[:-1])  # one grid run missing
+  fake = run_fake(study, [])
+  decided, grid = tuning.tune(study, lambda points: {p: r for p, r in fake(points).items()
+                                                      if p in done}, math.nan)
+  assert "shared_diff@tuned" not in decided.decided_tuned
+  assert decided.is_tuned("shared_diff@tuned") and not grid["tuned"]["shared_diff@tuned"]["complete"]
+
+
+def test_a_tuned_cell_must_be_compared_and_its_around_named_first():
+  extra = STUDY.tuned + (Tuned("x@tuned", "diff", "model.norm_out_scale", ("0.1",)),)
+  with pytest.raises(ConfigError, match="tuned cell 'x@tuned' must be one of the compared"):
+    dataclasses.replace(STUDY, tuned=extra).validate(design=False)
+  reordered = (STUDY.tuned[4],) + STUDY.tuned[:4]
+  with pytest.raises(ConfigError, match="tuned cell 'diff@L4@tuned'"):
+    dataclasses.replace(STUDY, tuned=reordered).validate(design=False)
