@@ -92,6 +92,9 @@ def main(argv):
       FLAGS.quick, **{name: FLAGS[name].value for name in _SETTINGS_FLAGS},
       needle_lengths=_ints(FLAGS.needle_lengths, "needle_lengths"),
       needle_configs=_pairs(FLAGS.needle_configs))
+  if settings.max_new_tokens <= 0:
+    raise EvalError(f"--max_new_tokens: must be a positive number of tokens, got "
+                    f"{settings.max_new_tokens}")
   evaluate(FLAGS.workdir, suites, step=FLAGS.step, mesh=_mesh(), settings=settings)
   print(f"Report: {RunFolder(FLAGS.workdir).eval_report}")
 

@@ -10,6 +10,8 @@ import subprocess
 import tarfile
 from pathlib import Path
 
+import pytest
+
 from tests.helpers.studies import TINY_STUDY
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,3 +53,11 @@ def test_a_refused_study_fails_the_command_and_still_packs_the_folder(tmp_path):
   stdout, names = gpu_study(tmp_path, 60, f"--study={tmp_path / 'nowhere.py'}", status=2)
   assert "== study exit status 2" in stdout and "== 0 records" in stdout
   assert "study_tiny" in names
+
+
+@pytest.mark.parametrize("args", [[], ["--cpu"], ["abc", "out"]])
+def test_without_seconds_and_results_it_prints_its_usage(args, tmp_path):
+  proc = subprocess.run(["bash", "tools/gpu_study.sh", *args], cwd=ROOT, capture_output=True,
+                        text=True, timeout=30, env={**os.environ, "OUT": str(tmp_path / "o")})
+  assert proc.returncode == 2 and proc.stderr.startswith("usage: bash tools/gpu_study.sh")
+  assert not (tmp_path / "o").exists()

@@ -290,6 +290,8 @@ def test_read_only_workdir(corpus, tmp_path):
 PROGRAM_FAULTS = [  # (program, arguments, what the one line says); {tmp}: the test's folder
     ("train.py", ["--config.model.num_heads=3", "--dry_run"], "model.head_dim"),
     ("eval.py", ["--workdir={tmp}/nothing"], "{tmp}/nothing"),
+    ("eval.py", ["--workdir={tmp}/nothing", "--suites=generate", "--max_new_tokens=-3"],
+     "--max_new_tokens: must be a positive number of tokens, got -3"),
     ("study.py", ["--quick", "--seeds=0,x", "--root={tmp}/s"], "--seeds: '0,x' is not"),
     ("sweep.py", ["--sweep={tmp}/bad_sweep.py", "--root={tmp}/r"], "--sweep: {tmp}/bad_sweep.py:2:"),
     # the workdir and the variant are checked before the hf extra is asked for

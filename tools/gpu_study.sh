@@ -19,6 +19,11 @@ cd "$(dirname "$0")/.."
 source tools/gpu_env.sh
 MODE=""
 if [[ "${1:-}" == "--cpu" ]]; then MODE=cpu; shift; fi
+if [[ $# -lt 2 || ! "$1" =~ ^[1-9][0-9]*$ ]]; then
+  echo "usage: bash tools/gpu_study.sh [--cpu] SECONDS RESULTS STUDY_FLAGS... (SECONDS: a positive" \
+       "number of seconds)" >&2
+  exit 2
+fi
 SECONDS_CAP="$1" RESULTS="$2"
 shift 2
 OUT_DIR="${OUT:-gpu_study_out}"
