@@ -72,14 +72,74 @@ def read_json(path: str | Path, error: type[UserError] = UserError, kind: str = 
   """A JSON file's content, checked against KINDS[kind] when a kind is named."""
   text = read_text(path, error)
   try:
-    value = json.loads(text)
-  except json.JSONDecodeError as e:
-    raise error(f"{path}: damaged JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    value = _loads(text)
+  except ValueError as e:
+    raise error(f"{path}: damaged JSON ({e})") from None
   if kind:
     why = problem(value, KINDS[kind])
     if why:
       raise error(f"{path}: {why}")
   return value
+
+
+def _loads(text: str) -> Any:
+  """json.loads, with what the parser itself cannot hold (nesting too deep for its recursion, an
+  integer longer than Python converts) a ValueError of one line like any damage."""
+  try:
+    return json.loads(text)
+  except json.JSONDecodeError as e:
+    raise ValueError(f"{e.msg} at line {e.lineno} column {e.colno}") from None
+  except RecursionError:
+    raise ValueError("nested too deeply to read") from None
+  except ValueError as e:  # e.g. "Exceeds the limit (4300 digits) for integer string conversion"
+    raise ValueError(first_line(e, 160)) from None
+
+
+def read_jsonl(path: str | Path, error: type[UserError] = UserError) -> list[dict]:
+  """The rows (JSON objects) of a JSON-lines log. A torn last line, what a writer killed
+  mid-line leaves (no newline after it, and not a whole object), is skipped with one warning;
+  damage on any other line is an `error` naming the file and the line."""
+  text = read_text(path, error)
+  lines = text.split("\n")
+  rows = []
+  for number, line in enumerate(lines, 1):
+    if not line.strip():
+      continue
+    try:
+      row = _loads(line)
+      why = "" if isinstance(row, dict) else f"{_kind_of(row)}, not a JSON object"
+    except ValueError as e:
+      why = f"damaged JSON ({e})"
+    if why and number == len(lines):  # the last line, without its newline: torn
+      print(f"warning: {path}: line {number} was cut short (a writer stopped mid-line); "
+            "skipped", flush=True)
+      continue
+    if why:
+      raise error(f"{path}: line {number}: {why}")
+    rows.append(row)
+  return rows
+
+
+def mend_jsonl_tail(path: str | Path) -> None:
+  """Before appending to a JSON-lines log: a torn last line (see read_jsonl) is cut off, and a
+  whole last row without its newline gets one, so the next row starts on a line of its own."""
+  path = Path(path)
+  if not path.is_file() or path.stat().st_size == 0:
+    return
+  data = path.read_bytes()
+  if data.endswith(b"\n"):
+    return
+  start = data.rfind(b"\n") + 1
+  try:
+    whole = isinstance(_loads(data[start:].decode("utf-8")), dict)
+  except (ValueError, UnicodeDecodeError):
+    whole = False
+  with open(path, "r+b") as f:
+    if whole:
+      f.seek(0, 2)
+      f.write(b"\n")
+    else:
+      f.truncate(start)
 
 
 def problem(value: Any, shape: Shape, where: str = "") -> str:

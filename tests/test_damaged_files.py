@@ -1,6 +1,7 @@
 """Damaged input files. Every kind the checked reader knows (diff_transformer/files.py KINDS), and
 safetensors weights, is damaged in each way (cut short, random bytes, not UTF-8, the wrong JSON
-type, a required key missing or of the wrong type) and read as the program that reads it does:
+type, a required key missing or of the wrong type, nesting or an integer the parser itself cannot
+hold) and read as the program that reads it does:
 one UserError line naming the file, and the folder unchanged. The programs themselves answer
 the damaged inputs users met with one `error:` line, exit status 2 and no traceback."""
 from __future__ import annotations
@@ -18,7 +19,8 @@ from diff_transformer import files
 from diff_transformer.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
-DAMAGES = ("truncated", "random_bytes", "not_utf8", "wrong_type", "key_missing", "key_wrong_type")
+DAMAGES = ("truncated", "random_bytes", "not_utf8", "wrong_type", "key_missing", "key_wrong_type",
+           "deep_nesting", "huge_integer")
 _WRONG = {dict: [], list: {}, str: 7, int: "7", float: "7", bool: "yes"}
 
 
@@ -33,6 +35,10 @@ def _damage(path: Path, how: str, shape: files.Shape | None) -> bool:
     path.write_bytes(b"\xff\xfe" + data)
   elif shape is None:  # a binary file: only the byte-level damages apply
     return False
+  elif how == "deep_nesting":  # deeper than the parser's recursion
+    path.write_text("[" * 100_000 + "]" * 100_000)
+  elif how == "huge_integer":  # longer than Python converts to an int
+    path.write_text('{"x": ' + "7" * 5000 + "}")
   elif how == "wrong_type":
     path.write_text(json.dumps(_WRONG[shape.top]))
   else:
@@ -211,3 +217,24 @@ def test_train_py_answers_a_damaged_hf_folder_and_members_file_in_one_line(base,
   for proc, needle in procs:
     out, err = proc.communicate(timeout=300)
     _one_error_line(subprocess.CompletedProcess(proc.args, proc.returncode, out, err), needle)
+
+
+def test_a_torn_last_log_line_is_skipped_and_mended_before_the_next_row(tmp_path, capsys):
+  """A writer killed mid-line leaves a metrics log whose last line is cut short: readers skip it
+  (saying so once), a resumed writer cuts it off before appending; damage on any other line is
+  one error naming the file and the line."""
+  from diff_transformer.runs.folder import RunFolder
+  folder = RunFolder(tmp_path)
+  whole = [{"step": 1, "kind": "train", "loss": 2.5}, {"step": 2, "kind": "train", "loss": 2.4}]
+  text = "".join(json.dumps(r) + "\n" for r in whole)
+  folder.metrics.write_text(text + '{"step": 3, "kind": "tr')
+  assert folder.metric_rows() == whole
+  assert "line 3 was cut short" in capsys.readouterr().out
+  files.mend_jsonl_tail(folder.metrics)
+  assert folder.metrics.read_text() == text
+  folder.metrics.write_text(text + json.dumps(whole[0]))  # whole, only its newline missing
+  files.mend_jsonl_tail(folder.metrics)
+  assert folder.metric_rows() == whole + whole[:1]
+  folder.metrics.write_text('{"step": 1, "ki\n' + text)
+  with pytest.raises(UserError, match=r"metrics.jsonl: line 1: damaged JSON"):
+    folder.metric_rows()

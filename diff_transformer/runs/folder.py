@@ -25,7 +25,7 @@ import os
 from pathlib import Path
 
 from diff_transformer.errors import UserError
-from diff_transformer.files import read_json
+from diff_transformer.files import read_json, read_jsonl
 from diff_transformer.paths import write_atomic
 
 CONFIG = "config.json"
@@ -86,7 +86,7 @@ class RunFolder:
     """Every row of the metrics log, in order (empty before the first)."""
     if not self.metrics.is_file():
       return []
-    return [json.loads(line) for line in self.metrics.read_text().splitlines() if line.strip()]
+    return read_jsonl(self.metrics)  # a torn last line (a writer killed mid-line) is skipped
 
   def read_eval(self, suite: str) -> dict | None:
     """A suite's result, or None if it was never evaluated."""

@@ -23,6 +23,7 @@ import numpy as np
 from flax import nnx
 
 from diff_transformer import kernels
+from diff_transformer.files import mend_jsonl_tail
 from diff_transformer.model.attention import variant_class
 from diff_transformer.model.spec import ModelSpec
 from diff_transformer.params import abstract_model, param_shapes
@@ -109,6 +110,7 @@ class MetricsLogger:
     from tqdm import tqdm
     workdir.mkdir(parents=True, exist_ok=True)
     folder = RunFolder(workdir)
+    mend_jsonl_tail(folder.metrics)  # a resumed run appends after a whole line
     self.jsonl = open(folder.metrics, "a", buffering=1)
     self.tb = _summary_writer()(str(folder.tensorboard))
     self.bar = (tqdm(total=total_steps, initial=start_step, dynamic_ncols=True, unit="step",
