@@ -15,19 +15,18 @@ treat it like any other cell.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Callable
 
 from diff_transformer.study import grid as lr_grid
 from diff_transformer.study.definition import Study
-from diff_transformer.study.named import Cell, Tuned, around_values, candidate
+from diff_transformer.study.named import (Cell, Tuned, around_values, candidate,
+                                         number_or_none)
 
 
 def _position(tuned: Tuned, value: str) -> float | None:
-  try:
-    return float(value)
-  except ValueError:
-    return tuned.rule_at
+  """Where a value sits on the axis: its number, or `rule_at` for a named rule."""
+  x = number_or_none(value)
+  return tuned.rule_at if x is None else x
 
 
 def choose(study: Study, tuned: Tuned, grid: dict) -> dict:
@@ -49,8 +48,8 @@ def choose(study: Study, tuned: Tuned, grid: dict) -> dict:
   best = min(scores, key=lambda v: (scores[v], tuned.tried.index(v)))
   out.update(value=best, candidate=candidate(tuned, best),
              lr=decisions[candidate(tuned, best)]["chosen"])
-  named = [p for p in map(functools.partial(_position, tuned), tuned.base) if p is not None]
-  tried = [p for p in map(functools.partial(_position, tuned), tuned.tried) if p is not None]
+  named = [p for v in tuned.base if (p := _position(tuned, v)) is not None]
+  tried = [p for v in tuned.tried if (p := _position(tuned, v)) is not None]
   where = _position(tuned, best)
   if where is None or len(named) < 2:
     return out
