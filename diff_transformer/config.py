@@ -5,6 +5,8 @@ one line naming the field and the constraint.
 """
 from __future__ import annotations
 
+import math
+
 import ml_collections
 
 from diff_transformer import kernels
@@ -16,6 +18,7 @@ from diff_transformer.model.attention import model_section, spec_from_config, va
 KERNELS = ("auto", *kernels.KERNELS)  # auto: kernels/auto.py picks one per platform and shapes
 REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
 DTYPES = ("float32", "bfloat16")
+MAX_SEQ_LEN = 1 << 20  # a million positions: 16x the papers' longest (64K)
 
 
 def ffn_width(d_model: int, multiple: int = 128, up: bool = False) -> int:
@@ -126,6 +129,7 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """Checks every constraint the model and trainer rely on; returns the config."""
   attention = variant_class(config.model.variant)  # first: its own options are model keys
   _check_keys(config, base_config(), "")
+  _check_finite(config, "")
   m = config.model
   kernels.cudnn.forced_layout()  # DIFF_TRANSFORMER_CUDNN_LAYOUT, checked before any work
   if m.kernel not in KERNELS:
@@ -138,6 +142,8 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
                "max_seq_len", "max_segments"):
     if m[name] is None or m[name] <= 0:
       _fail(f"model.{name}", f"must be a positive integer, got {m[name]}")
+  if m.max_seq_len > MAX_SEQ_LEN:  # position tables and eval inputs are this long
+    _fail("model.max_seq_len", f"must be <= {MAX_SEQ_LEN}, got {m.max_seq_len}")
   if m.vocab_multiple is None or m.vocab_multiple < 0:
     _fail("model.vocab_multiple", f"must be >= 0 (0 = vocab_size as given), got "
           f"{m.vocab_multiple}")
@@ -187,6 +193,14 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
       _fail(f"mesh.{axis}", f"must be a positive size or -1 (the remaining devices), got "
             f"{config.mesh[axis]}")
   return config
+
+
+def _check_finite(config, prefix: str) -> None:
+  for key, value in config.items():
+    if isinstance(value, ml_collections.ConfigDict):
+      _check_finite(value, f"{prefix}{key}.")
+    elif isinstance(value, float) and not math.isfinite(value):
+      _fail(f"{prefix}{key}", f"must be a finite number, got {value}")
 
 
 def _check_keys(config, schema, prefix: str) -> None:

@@ -6,54 +6,18 @@ the wrong type, a safetensors header that does not cover its data) raises the ca
 `UserError` class in one line naming the file and what is wrong with it. Readers only read, so
 nothing already saved is touched, and programs read their inputs before any work starts.
 
-`KINDS` names every JSON file a program reads, with its shape; the damage test
-(tests/test_damaged_files.py) damages each kind in every way and reads it as the program that
-reads it does, so a kind added here cannot be missed there.
+`file_kinds.KINDS` names every JSON file a program reads, with the type and range of each field
+its readers use; the damage test (tests/test_damaged_files.py) damages each kind in every way and
+reads it as the program that reads it does, so a kind added there cannot be missed.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 from typing import Any
 
 from diff_transformer.errors import UserError, first_line
-
-_TYPE_NAMES = {dict: "a JSON object", list: "a JSON list", str: "a string", int: "an integer",
-               float: "a number", bool: "true or false"}
-
-
-@dataclasses.dataclass(frozen=True)
-class Shape:
-  """What a JSON file must hold: `top` (object or list); an object's required `keys` and their
-  types; `each`: the shape of every item of the list (the file itself, or its key `each_in`)."""
-  top: type = dict
-  keys: tuple[tuple[str, type], ...] = ()
-  each: "Shape | None" = None
-  each_in: str = ""
-
-
-_OBJECT = Shape()
-KINDS: dict[str, Shape] = {
-    # a workdir's record (runs/record.py, runs/folder.py)
-    "run config": Shape(dict, (("model", dict), ("data", dict), ("train", dict))),
-    "tokenizer record": Shape(dict, (("name", str), ("vocab_size", int))),
-    "code versions": Shape(list, each=Shape(dict, (("step", int),))),
-    "run summary": Shape(dict, (("step", int),)),
-    "eval result": _OBJECT,  # eval/<suite>.json
-    # inputs of train.py and eval.py
-    "prepared metadata": Shape(dict, (("format", int),)),
-    "members file": Shape(dict, (("members", list),), each=Shape(dict, (("args", list),)),
-                          each_in="members"),
-    "HF config": _OBJECT,  # its fields are checked by interop/weights.py
-    "HF index": Shape(dict, (("weight_map", dict),)),
-    "tokenizer file": _OBJECT,
-    "tiktoken record": Shape(dict, (("encoding", str),)),
-    # a study's results
-    "study results": Shape(dict, (("study", dict),)),
-    # a measured matmul peak, cached per device (training/peak.py)
-    "peak cache": Shape(dict, (("tflops", float),)),
-}
+from diff_transformer.file_kinds import KINDS, kind_of, problem
 
 
 def read_text(path: str | Path, error: type[UserError] = UserError) -> str:
@@ -95,10 +59,12 @@ def _loads(text: str) -> Any:
     raise ValueError(first_line(e, 160)) from None
 
 
-def read_jsonl(path: str | Path, error: type[UserError] = UserError) -> list[dict]:
-  """The rows (JSON objects) of a JSON-lines log. A torn last line, what a writer killed
-  mid-line leaves (no newline after it, and not a whole object), is skipped with one warning;
-  damage on any other line is an `error` naming the file and the line."""
+def read_jsonl(path: str | Path, error: type[UserError] = UserError, kind: str = "") -> list[dict]:
+  """The rows (JSON objects) of a JSON-lines log, each checked against KINDS[kind]'s row shape
+  when a kind is named. A torn last line, what a writer killed mid-line leaves (no newline after
+  it, and not a whole object), is skipped with one warning; damage on any other line is an
+  `error` naming the file and the line."""
+  shape = KINDS[kind].each if kind else None
   text = read_text(path, error)
   lines = text.split("\n")
   rows = []
@@ -107,13 +73,15 @@ def read_jsonl(path: str | Path, error: type[UserError] = UserError) -> list[dic
       continue
     try:
       row = _loads(line)
-      why = "" if isinstance(row, dict) else f"{_kind_of(row)}, not a JSON object"
+      why = "" if isinstance(row, dict) else f"{kind_of(row)}, not a JSON object"
     except ValueError as e:
       why = f"damaged JSON ({e})"
     if why and number == len(lines):  # the last line, without its newline: torn
       print(f"warning: {path}: line {number} was cut short (a writer stopped mid-line); "
             "skipped", flush=True)
       continue
+    if not why and shape is not None:
+      why = problem(row, shape)
     if why:
       raise error(f"{path}: line {number}: {why}")
     rows.append(row)
@@ -140,41 +108,6 @@ def mend_jsonl_tail(path: str | Path) -> None:
       f.write(b"\n")
     else:
       f.truncate(start)
-
-
-def problem(value: Any, shape: Shape, where: str = "") -> str:
-  """What is wrong with `value` against `shape` ('' when nothing is)."""
-  if not _is(value, shape.top):
-    return f"{where or 'the file'} is {_kind_of(value)}, not {_TYPE_NAMES[shape.top]}"
-  if shape.top is dict:
-    for key, kind in shape.keys:
-      if key not in value:
-        return f"missing key '{where}{key}'"
-      if not _is(value[key], kind):
-        return f"key '{where}{key}' is {_kind_of(value[key])}, not {_TYPE_NAMES[kind]}"
-  if shape.each is not None:
-    items = value[shape.each_in] if shape.each_in else value
-    prefix = f"{where}{shape.each_in}" if shape.each_in else where.rstrip(".")
-    for i, item in enumerate(items):
-      why = problem(item, shape.each, f"{prefix}[{i}].")
-      if why:
-        return why
-  return ""
-
-
-def _is(value: Any, kind: type) -> bool:
-  if kind is int:
-    return isinstance(value, int) and not isinstance(value, bool)
-  if kind is float:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-  return isinstance(value, kind)
-
-
-def _kind_of(value: Any) -> str:
-  for kind, name in _TYPE_NAMES.items():
-    if _is(value, kind):
-      return name
-  return "null" if value is None else type(value).__name__
 
 
 def safetensors_names(path: str | Path, error: type[UserError] = UserError) -> list[str]:

@@ -5,7 +5,7 @@ import math
 from pathlib import Path
 
 from diff_transformer.evaluation import common, icl, long_context, quantization
-from diff_transformer.errors import EvalError
+from diff_transformer.errors import EvalError, first_line
 from diff_transformer.files import read_json
 from diff_transformer.runs.folder import EVAL_REPORT, RunFolder
 
@@ -70,8 +70,18 @@ def headline(name: str, result: dict) -> str:
 
 
 def load(out_dir: Path) -> dict[str, dict]:
-  return {n: read_json(out_dir / f"{n}.json", EvalError, "eval result") for n in common.SUITES
-          if (out_dir / f"{n}.json").is_file()}
+  """Every suite result in out_dir, each checked to hold the metrics the report reads."""
+  results = {}
+  for name in common.SUITES:
+    path = out_dir / f"{name}.json"
+    if path.is_file():
+      results[name] = read_json(path, EvalError, "eval result")
+      try:
+        metrics(name, results[name])
+      except (KeyError, IndexError, TypeError, AttributeError, StopIteration) as e:
+        what = f"missing key {e}" if isinstance(e, KeyError) else first_line(e)
+        raise EvalError(f"{path}: not a whole {name} result ({what}); run eval.py again") from None
+  return results
 
 
 def _table(header: list[str], rows: list[list]) -> list[str]:

@@ -41,9 +41,11 @@ def check_export(spec: ModelSpec, record: dict, out: Path, workdir: Path, task: 
   require("transformers", "safetensors", "torch")
   if out.exists() and (not out.is_dir() or any(out.iterdir())):
     raise InteropError(f"--out: {out} exists and is not an empty folder")
-  if record.get("name") not in ("byte", "bpe", "file", "tiktoken"):
-    raise InteropError(f"{workdir}/tokenizer_record.json: unknown tokenizer {record.get('name')!r}")
-  if int(record.get("vocab_size", 0)) > spec.vocab_size:
+  if record["name"] not in ("byte", "bpe", "file", "tiktoken"):
+    raise InteropError(f"{workdir}/tokenizer_record.json: unknown tokenizer {record['name']!r}")
+  if record.get("eot_id") is None:  # every text tokenizer records it; a synthetic task has none
+    raise InteropError(f"{workdir}/tokenizer_record.json: missing key 'eot_id'")
+  if record["vocab_size"] > spec.vocab_size:
     raise InteropError(f"{workdir}/tokenizer_record.json: the tokenizer's {record['vocab_size']} "
                        f"ids exceed model.vocab_size {spec.vocab_size}")
   return hf_tokenizer(record, workdir)  # a tokenizer it cannot convert exactly: refused now

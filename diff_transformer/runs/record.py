@@ -23,10 +23,10 @@ import ml_collections
 
 from diff_transformer import provenance
 from diff_transformer.runs import folder as run_folder
-from diff_transformer.config import base_config
+from diff_transformer.config import base_config, validate
 from diff_transformer.data import assert_compatible, describe
 from diff_transformer.data.tokenizer import load_tokenizer
-from diff_transformer.errors import DataError, TrainError, last_line
+from diff_transformer.errors import ConfigError, DataError, TrainError, last_line
 from diff_transformer.files import read_json
 from diff_transformer.model.attention import VARIANTS, known_variant
 from diff_transformer.tree import flatten
@@ -147,7 +147,10 @@ def read_config(workdir: Path) -> ml_collections.ConfigDict | None:
     config.update_from_flattened_dict(flatten(values))
   except (KeyError, AttributeError, TypeError, ValueError) as e:
     raise TrainError(f"{path}: damaged or from another version ({last_line(e)})") from None
-  return config
+  try:
+    return validate(config)  # the values a command line would be refused, refused here too
+  except ConfigError as e:
+    raise TrainError(f"{path}: {e}") from None
 
 
 def check_run_record(workdir: Path, config: ml_collections.ConfigDict, tokenizer

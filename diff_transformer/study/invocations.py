@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from diff_transformer.errors import UserError
-from diff_transformer.files import read_json
+from diff_transformer.files import read_json, read_jsonl
 from diff_transformer.paths import write_atomic
 
 
@@ -46,17 +46,10 @@ def _previous_study(root: Path) -> dict:
 
 
 def read_invocations(root: Path) -> list[dict]:
-  """The invocations recorded on this root, oldest first (damaged lines are skipped)."""
+  """The invocations recorded on this root, oldest first (a torn last line is skipped; other
+  damage is one line naming the file and the line)."""
   path = root / "invocations.jsonl"
-  calls = []
-  for line in (path.read_text(errors="replace").splitlines() if path.is_file() else []):
-    try:
-      call = json.loads(line)
-    except ValueError:
-      continue
-    if isinstance(call, dict) and {"command", "wall_seconds", "trained"} <= set(call):
-      calls.append(call)
-  return calls
+  return read_jsonl(path, UserError, "study invocations") if path.is_file() else []
 
 
 def record_invocation(root: Path, command: str, seconds: float, trained: int) -> list[dict]:
