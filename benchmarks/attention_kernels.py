@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from diff_transformer.cli import out_file  # noqa: E402
 from diff_transformer.aot import topology_devices  # noqa: E402
 from diff_transformer.errors import first_line  # noqa: E402
 from diff_transformer.kernels import reference, xla  # noqa: E402
@@ -154,7 +155,7 @@ def main() -> None:
   parser.add_argument("--max-dense", type=int, default=4096, help="CPU cap for reference/xla")
   parser.add_argument("--max-pallas-cpu", type=int, default=2048, help="CPU cap (interpret)")
   parser.add_argument("--repeats", type=int, default=3)
-  parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "attention_kernels.json"))
+  parser.add_argument("--out", type=out_file, default=str(Path(__file__).parent / "results" / "attention_kernels.json"))
   opts = parser.parse_args()
   caps = {"reference": opts.max_dense, "xla": opts.max_dense, "pallas": opts.max_pallas_cpu}
   start = time.time()

@@ -27,6 +27,7 @@ import numpy as np  # noqa: E402
 from jax import monitoring  # noqa: E402
 
 from tests.helpers.child_env import FAST_COMPILE_FLAGS  # noqa: E402
+from diff_transformer.cli import out_file  # noqa: E402
 from diff_transformer import params  # noqa: E402
 from diff_transformer.config import base_config, validate  # noqa: E402
 from diff_transformer.model.attention import PAPER_VARIANTS  # noqa: E402
@@ -89,7 +90,7 @@ def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__)
   parser.add_argument("--rounds", type=int, default=3)
   parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-  parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "compile_flags.json"))
+  parser.add_argument("--out", type=out_file, default=str(ROOT / "benchmarks" / "results" / "compile_flags.json"))
   args = parser.parse_args()
   if args.child:
     os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})

@@ -27,6 +27,7 @@ import jax.numpy as jnp  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from bench_common import interleaved_times, small_config, spread  # noqa: E402
+from diff_transformer.cli import out_file  # noqa: E402
 from diff_transformer.model import build_model  # noqa: E402
 from diff_transformer.model.attention import PAPER_VARIANTS, spec_from_config  # noqa: E402
 from diff_transformer.paths import write_atomic  # noqa: E402
@@ -66,7 +67,7 @@ def main() -> None:
   p.add_argument("--rounds", type=int, default=5)
   p.add_argument("--steps", type=int, default=10, help="steps per variant per round")
   p.add_argument("--quick", action="store_true")
-  p.add_argument("--out", default=str(Path(__file__).parent / "results" / "decode_step.json"))
+  p.add_argument("--out", type=out_file, default=str(Path(__file__).parent / "results" / "decode_step.json"))
   args = p.parse_args()
   if args.quick:
     args.batch, args.cache, args.d_model, args.layers, args.rounds, args.steps = 2, 64, 64, 2, 2, 2

@@ -47,7 +47,7 @@ def main() -> None:
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--lengths", default="256,512,1024")
   p.add_argument("--rounds", type=int, default=5)
-  p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "attention_kernels_cpu.json"))
+  p.add_argument("--out", type=cli.out_file, default=str(ROOT / "benchmarks" / "results" / "attention_kernels_cpu.json"))
   args = p.parse_args()
   rows = []
   for T in map(int, args.lengths.split(",")):

@@ -21,6 +21,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from diff_transformer.cli import out_file  # noqa: E402
 from diff_transformer.data import prepare_files  # noqa: E402
 from diff_transformer.runs.folder import RunFolder  # noqa: E402
 WORDS = "the king queen sword crown night day love death fool storm sea ship letter".split()
@@ -32,7 +33,7 @@ def main() -> None:
   p.add_argument("--steps", type=int, default=150)
   p.add_argument("--log_every", type=int, default=25)
   p.add_argument("--label", default="", help="recorded with the result, e.g. before/after")
-  p.add_argument("--out", default="", help="append the JSON line to this file")
+  p.add_argument("--out", type=out_file, default="", help="append the JSON line to this file")
   args = p.parse_args()
   tmp = Path(tempfile.mkdtemp(prefix="mp_step_"))
   rng = np.random.default_rng(0)

@@ -31,6 +31,7 @@ import numpy as np  # noqa: E402
 from bench_common import (Stepper, interleaved_times, small_config, spread,  # noqa: E402
                           synthetic_batch)
 from configs.studies import lm, retrieval  # noqa: E402
+from diff_transformer.cli import out_file  # noqa: E402
 from diff_transformer.config import validate  # noqa: E402
 from diff_transformer.mesh import make_mesh  # noqa: E402
 from diff_transformer.paths import write_atomic  # noqa: E402
@@ -90,7 +91,7 @@ def main() -> None:
   p.add_argument("--steps", type=int, default=3)
   p.add_argument("--rounds", type=int, default=3)
   p.add_argument("--quick", action="store_true", help="tiny shapes (a smoke run)")
-  p.add_argument("--out", default=str(Path(__file__).parent / "results" / "population.json"))
+  p.add_argument("--out", type=out_file, default=str(Path(__file__).parent / "results" / "population.json"))
   args = p.parse_args()
   sizes = [int(s) for s in args.sizes.split(",")]
   device = jax.devices()[0]

@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from configs import synthetic as presets  # noqa: E402
+from diff_transformer.cli import out_file  # noqa: E402
 from diff_transformer.evaluation import outliers  # noqa: E402
 from diff_transformer.model.attention.shared_diff import LOWRANK_INITS  # noqa: E402
 from diff_transformer.model.attention import spec_from_config  # noqa: E402
@@ -62,7 +63,7 @@ def main():
   ap.add_argument("--steps", type=int, default=500)
   ap.add_argument("--seeds", default="0,1,2")
   ap.add_argument("--root", default="runs/ablations/shared_diff_init")
-  ap.add_argument("--out", default=str(ROOT / "benchmarks/results/shared_diff_init.json"))
+  ap.add_argument("--out", type=out_file, default=str(ROOT / "benchmarks/results/shared_diff_init.json"))
   ap.add_argument("--arms", default=",".join(["diff"] + [f"shared_diff:{i}" for i in LOWRANK_INITS]),
                   help="variant or shared_diff:<lowrank_init>, comma-separated")
   args = ap.parse_args()

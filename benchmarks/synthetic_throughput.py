@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from configs import synthetic as presets  # noqa: E402
+from diff_transformer.cli import out_file  # noqa: E402
 from diff_transformer.data import synthetic  # noqa: E402
 
 
@@ -43,7 +44,7 @@ def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__)
   parser.add_argument("--rows", type=int, default=256)
   parser.add_argument("--repeats", type=int, default=20)
-  parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" /
+  parser.add_argument("--out", type=out_file, default=str(ROOT / "benchmarks" / "results" /
                                            "synthetic_throughput.json"))
   args = parser.parse_args()
   results = [measure(p, args.rows, args.repeats) for p in presets.TASKS]

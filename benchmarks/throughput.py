@@ -167,7 +167,7 @@ def main() -> None:
   p.add_argument("--peak_tflops", type=float, default=0.0, help="per device; 0 = measured")
   p.add_argument("--variants", default=",".join(VARIANTS))
   p.add_argument("--quick", action="store_true", help="T = 256,512, 3 rounds, 2 steps")
-  p.add_argument("--out", default=str(OUT_JSON))
+  p.add_argument("--out", type=cli.out_file, default=str(OUT_JSON))
   p.add_argument("--plot", default="", help="default: the committed figure with the default "
                  "--out, else beside --out (a run told where to write writes nowhere else)")
   p.add_argument("--no_readme", action="store_true")

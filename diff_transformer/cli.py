@@ -215,3 +215,24 @@ def default_platform() -> None:
   os.environ["JAX_PLATFORMS"] = "cpu"
   import jax  # already imported by flax: set the config too (read when backends start)
   jax.config.update("jax_platforms", "cpu")
+
+
+def out_file(value: str) -> Path | None:
+  """argparse `type=` of a program's --out file: its folder is made now, or the program is
+  refused now (exit 2, before anything is measured), never after its work. '' is no file."""
+  import argparse  # argparse programs only; absl programs never reach this
+  if not value:
+    return None
+  path = Path(value)
+  if path.is_dir():
+    raise argparse.ArgumentTypeError(f"{value} is a folder; give the JSON file's path")
+  if path.parent.exists() and not path.parent.is_dir():
+    raise argparse.ArgumentTypeError(f"{value}: {path.parent} is a file, not a folder")
+  try:
+    path.parent.mkdir(parents=True, exist_ok=True)
+  except OSError as e:
+    raise argparse.ArgumentTypeError(f"{value}: cannot make its folder "
+                                     f"({e.strerror or type(e).__name__})") from None
+  if not os.access(path.parent, os.W_OK):
+    raise argparse.ArgumentTypeError(f"{value}: its folder {path.parent} is not writable")
+  return path

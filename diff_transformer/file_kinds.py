@@ -60,6 +60,8 @@ _SPLIT = Shape(dict, (("shards", Field(list, each=_SHARD, optional=True)),
                       ("stream_tokens", Field(int, at_least=0, optional=True))))
 _HF_SIZES = tuple((name, POSITIVE_INT) for name in (
     "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"))
+_KERNEL = Shape(dict, (("name", str), ("ms", Field(float, at_least=0)),
+                       ("calls", Field(float, at_least=0)), ("hlo_op", Field(str, optional=True))))
 _OBJECT = Shape()
 
 KINDS: dict[str, Shape] = {
@@ -98,6 +100,12 @@ KINDS: dict[str, Shape] = {
     "study invocations": Shape(list, each=Shape(dict, (
         ("command", str), ("wall_seconds", Field(float, at_least=0)),
         ("trained", COUNT))), lines=True),
+    # the GPU check's kernel profile, read back by tools/hlo_kernels.py
+    "GPU check profile": Shape(dict, (
+        ("cells", Field(list, each=Shape(dict, (
+            ("variant", str), ("kernels", Field(list, each=_KERNEL)),
+            ("other_kernels", Field(list, each=_KERNEL, optional=True)))))),
+        ("hlo", Field(Shape(dict, values=str), optional=True)))),
     # a measured matmul peak, cached per device (training/peak.py)
     "peak cache": Shape(dict, (("tflops", Field(float, above=0)),)),
 }

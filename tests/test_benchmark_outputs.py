@@ -20,13 +20,36 @@ def _status() -> str:
 
 def test_every_benchmark_that_writes_takes_an_output_option():
   missing = []
+  unchecked = []
   for path in sorted((ROOT / "benchmarks").glob("*.py")):
     text = path.read_text()
     writes = "write_text(" in text or "write_atomic(" in text or 'open(' in text
     if path.name not in HELPERS and writes and not any(
         f'"{flag}"' in text for flag in ("--out", "--json")):
       missing.append(path.name)
+    if '"--out", default=' in text:  # a file path: its folder is checked before measuring
+      unchecked.append(path.name)
   assert not missing, f"benchmarks writing results without --out: {missing}"
+  assert not unchecked, f"benchmarks whose --out is not checked first (cli.out_file): {unchecked}"
+
+
+def test_an_out_file_is_checked_before_any_work(tmp_path):
+  """cli.out_file makes a missing folder, and refuses a folder, a file as folder or an
+  unwritable folder (argparse: exit 2 before anything runs)."""
+  import argparse
+  import pytest
+  from diff_transformer.cli import out_file
+  assert out_file(str(tmp_path / "new" / "x.json")) == tmp_path / "new" / "x.json"
+  assert (tmp_path / "new").is_dir()
+  (tmp_path / "file").write_text("")
+  for value, words in ((tmp_path, "is a folder"), (tmp_path / "file" / "x.json", "is a file")):
+    with pytest.raises(argparse.ArgumentTypeError, match=words):
+      out_file(str(value))
+  r = subprocess.run([sys.executable, "benchmarks/synthetic_throughput.py",
+                      f"--out={tmp_path / 'file' / 'x.json'}"], cwd=ROOT, capture_output=True,
+                     text=True, env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=120)
+  assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].endswith(
+      f"{tmp_path / 'file'} is a file, not a folder"), r.stderr
 
 
 def test_benchmarks_told_to_write_elsewhere_leave_the_checkout_unchanged(tmp_path):

@@ -6,6 +6,7 @@ one UserError line naming the file, and the folder unchanged. The programs thems
 the damaged inputs users met with one `error:` line, exit status 2 and no traceback."""
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import subprocess
@@ -163,6 +164,12 @@ def base(tmp_path_factory, corpus):
   (root / "study" / "invocations.jsonl").write_text("".join(json.dumps(
       dict(command="study.py", wall_seconds=w, trained=2)) + "\n" for w in (60.0, 30.5)))
   (root / "peak.json").write_text(json.dumps({"tflops": 0.2, "dtype": "float32"}))
+  (root / "gpu").mkdir()
+  (root / "gpu" / "hlo_diff.txt.gz").write_bytes(gzip.compress(TINY_HLO.encode()))
+  kernel = dict(name="loop_fusion", ms=0.5, calls=1.0, hlo_op="n")
+  (root / "gpu" / "profile.json").write_text(json.dumps(dict(
+      cells=[dict(variant="diff", kernels=[kernel], other_kernels=[kernel])],
+      hlo=dict(diff="hlo_diff.txt.gz"))))
   return root
 
 
@@ -170,6 +177,21 @@ def _spec():
   from diff_transformer.model.attention import spec_from_config
   from tests.helpers import hf_runs
   return spec_from_config(hf_runs.run_config("transformer").model)
+
+
+TINY_HLO = """HloModule tiny
+
+ENTRY %main (p: f32[2]) -> f32[2] {
+  %p = f32[2]{0} parameter(0)
+  ROOT %n = f32[2]{0} negate(%p)
+}
+"""
+
+
+def _hlo_kernels():
+  sys.path.insert(0, str(ROOT / "tools"))
+  import hlo_kernels  # a program's module, found on its folder's path
+  return hlo_kernels
 
 
 def _tiktoken(folder: Path):
@@ -212,6 +234,8 @@ def _readers():
                             lambda b: invocations.read_invocations(b / "study")),
       # a damaged peak cache is measured again: read as absent
       "peak cache": ("peak.json", lambda b: peak._cached_tflops(b / "peak.json")),
+      "GPU check profile": ("gpu/profile.json", lambda b: _hlo_kernels().report(
+          b / "gpu" / "profile.json", "diff", 5, False)),
       "safetensors": ("hf/model.safetensors", lambda b: check_folder(_spec(), b / "hf")),
   }
 
@@ -346,3 +370,27 @@ def test_export_refuses_a_text_tokenizer_record_without_its_eot_id(tmp_path):
   from diff_transformer.interop.export import check_export
   with pytest.raises(InteropError, match=r"tokenizer_record.json: missing key 'eot_id'"):
     check_export(_spec(), {"name": "byte", "vocab_size": 257}, tmp_path / "out", tmp_path)
+
+
+def test_hlo_kernels_refuses_what_is_not_a_saved_hlo_in_one_line(base, tmp_path):
+  """tools/hlo_kernels.py --hlo: a missing file, a folder, random bytes, an empty or a non-HLO
+  gzip file each refused in one line naming it (exit 2, nothing printed before)."""
+  hlo_kernels = _hlo_kernels()
+  assert hlo_kernels.read_hlo(base / "gpu" / "hlo_diff.txt.gz").entry == "main"
+  cases = {"missing.txt.gz": (None, "not found"), "folder": ("dir", "a folder"),
+           "random.txt.gz": (np.random.default_rng(0).bytes(64), "not a gzip file"),
+           "empty.txt.gz": (gzip.compress(b""), "holds no HLO module"),
+           "text.txt.gz": (gzip.compress(b"hello\n"), "holds no HLO module")}
+  for name, (content, words) in cases.items():
+    path = tmp_path / name
+    if content == "dir":
+      path.mkdir()
+    elif content is not None:
+      path.write_bytes(content)
+    with pytest.raises(UserError, match=words):
+      hlo_kernels.read_hlo(path)
+  r = subprocess.run([sys.executable, str(ROOT / "tools" / "hlo_kernels.py"), "--hlo",
+                      str(base / "gpu" / "hlo_diff.txt.gz"), str(tmp_path / "text.txt.gz")],
+                     capture_output=True, text=True, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  _one_error_line(r, "text.txt.gz: holds no HLO module")
+  assert r.stdout == ""

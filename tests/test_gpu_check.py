@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from diff_transformer.errors import UserError
 from benchmarks.gpu_check.stages import BY_NAME, JOB_SECONDS, JOBS, STAGES, check
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -93,7 +94,7 @@ def test_hlo_kernels_reads_each_profiled_kernel_back_to_our_source_lines(check_f
   assert all(f["ops"] for f in fusions)
   assert any(s.startswith("diff_transformer/model/attention/diff_v1.py:")
              for f in fusions for s in f["sources"])
-  with pytest.raises(SystemExit, match="--variant: 'nope' is not in gpu_check_profile.json"):
+  with pytest.raises(UserError, match="--variant: 'nope' is not in gpu_check_profile.json"):
     hlo_kernels.report(check_folder / "gpu_check_profile.json", "nope", 5, False)
   step = gzip.decompress((check_folder / "gpu_check_decode_hlo_diff_batch4.txt.gz").read_bytes())
   loops = [r for r in hlo_kernels.Hlo(step.decode()).launches() if r["where"] != "entry"]

@@ -297,3 +297,29 @@ def test_a_grid_run_that_failed_before_its_first_step_is_no_result_of_the_grid(t
   with folder.metrics.open("a") as f:
     f.write(json.dumps(dict(step=1, kind="train", loss=float("nan"))) + "\n")
   assert trained_a_step(started)
+
+
+def test_a_record_under_another_setting_is_named_with_its_key_and_kept(tmp_path, capsys):
+  """--report_only (and any continuation: the line comes before training starts) names each
+  record it does not reuse, with the key and both values, an unknown key included; the records
+  stay on disk untouched."""
+  import shutil
+  from diff_transformer.study import runner
+  results = tmp_path / "lm_table6"
+  shutil.copytree(ROOT / "docs" / "results" / "study_lm_table6", results)
+  changed = results / "records" / "diff-s0.json"
+  unknown = results / "records" / "transformer-s1.json"
+  for path, key, value in ((changed, "train.grad_clip", 0.5), (unknown, "train.mystery", 3)):
+    record = json.loads(path.read_text())
+    record["setting"][key] = value
+    path.write_text(json.dumps(record))
+  before = {p: p.read_bytes() for p in (changed, unknown)}
+  study = cli.load_definition(str(ROOT / "configs" / "studies" / "lm_table6.py"), "study",
+                              "STUDY").validate()
+  status, _ = runner.run(study, "", tmp_path / "root", results, train=False)
+  out = capsys.readouterr().out
+  assert status["diff-s0"] == status["transformer-s1"] == "not run (report only)"
+  assert (f"diff-s0: {changed} was trained under another setting (train.grad_clip 0.5 -> 1.0); "
+          "not reused, left out of the report") in out, out
+  assert f"{unknown} was trained under another setting (train.mystery 3 -> None)" in out, out
+  assert {p: p.read_bytes() for p in before} == before

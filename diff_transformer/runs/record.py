@@ -92,6 +92,12 @@ def differences(expected: dict, recorded: dict) -> list[tuple[str, object, objec
   return [(k, was, now) for k, was, now in pairs if was != now]
 
 
+def shown_differences(diff: list[tuple[str, object, object]], most: int = 3) -> str:
+  """'key recorded -> now; ...' for the first `most` differences (a key a side lacks: None)."""
+  more = f" (+{len(diff) - most} more)" if len(diff) > most else ""
+  return "; ".join(f"{k} {a!r} -> {b!r}" for k, a, b in diff[:most]) + more
+
+
 def check_setting(workdir: Path, point: str, expected: dict, retrain: bool = False) -> None:
   """A run started under another setting than `expected` (the point's setting(); a study file,
   an override or a grid's choice changed since) would be skipped or resumed as if it were this
@@ -109,9 +115,8 @@ def check_setting(workdir: Path, point: str, expected: dict, retrain: bool = Fal
     print(f"{point}: trained under another setting; moved to {aside}; training it anew",
           flush=True)
     return
-  shown = "; ".join(f"{k} {a!r} -> {b!r}" for k, a, b in diff[:3])
-  more = f" (+{len(diff) - 3} more)" if len(diff) > 3 else ""
-  raise TrainError(f"point {point}: {workdir} was trained under another setting ({shown}{more}); "
+  raise TrainError(f"point {point}: {workdir} was trained under another setting "
+                   f"({shown_differences(diff)}); "
                    "use another --root or --name, or --retrain_changed to train it anew (the old "
                    "run is kept aside)")
 

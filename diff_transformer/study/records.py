@@ -19,7 +19,7 @@ from pathlib import Path
 
 
 from diff_transformer.paths import write_atomic
-from diff_transformer.runs.record import differences
+from diff_transformer.runs.record import differences, shown_differences
 
 RECORDS = "records"
 GRID = "lr_grid"
@@ -51,6 +51,15 @@ def read(results: Path, point: str, setting: dict, grid: bool = False) -> dict |
   if record is None or differences(setting, record["setting"]):
     return None
   return record
+
+
+def not_reused(results: Path, point: str, setting: dict, grid: bool = False) -> str:
+  """Why the point's record is not taken for `setting` ('' when there is none, or it matches):
+  the keys whose values differ, a key the record holds and today's settings lack included."""
+  target = path(results, point, grid)
+  record = _load(target, grid, quiet=True)
+  diff = differences(setting, record["setting"]) if record is not None else []
+  return f"{target} was trained under another setting ({shown_differences(diff)})" if diff else ""
 
 
 def _load(target: Path, grid: bool, quiet: bool = False) -> dict | None:

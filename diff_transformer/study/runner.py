@@ -122,6 +122,11 @@ def _run_points(study: Study, study_file: str, root: Path, results: Path, points
   read = functools.partial(_grid_read, study) if grid else records.read
   status = {p: "recorded" for p in points if read(results, p, settings[p])}
   todo = [p for p in points if p not in status]
+  for p in todo:  # named once, in every mode: nothing is dropped silently
+    why = records.not_reused(results, p, settings[p], grid)
+    if why:
+      print(f"{p}: {why}; not reused" + ("" if train else ", left out of the report"),
+            flush=True)
   if not train:
     return dict(status, **{p: "not run (report only)" for p in todo})
   configs = {p: study.resolved_config(p, lrs.get(p)) for p in todo}
