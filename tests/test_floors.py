@@ -29,7 +29,7 @@ def brute_force_mqar(g: int, R: int) -> dict[str, float]:
 
 @pytest.mark.parametrize("g, R", [(2, 2), (3, 4), (4, 8)])
 def test_mqar_floors_match_brute_force(g, R):
-  if g == 4:  # 16 * 15 * ... * 9 orders is too many to list: the figures instead
+  if g == 4:  # 16 * 15 * ... * 9 orders is too many to list: the closed forms instead
     exact = dict(random=1 / 16, elimination=sum(1 / (16 - r) for r in range(8)) / 8,
                  one_key=0.25, one_key_elimination=None)
   else:

@@ -1,7 +1,7 @@
 """The GPU study command's CPU mode (tools/gpu_study.sh --cpu): a study stopped at its deadline
 exits 0 with a tarball of what it recorded (a refused one exits with the study's status 2); a later call on the same results folder finishes
-and its tarball holds the records, so the command a lent GPU runs cannot rot between GPU
-sessions."""
+and its tarball holds the records, so the command a time-limited GPU job runs cannot rot
+between jobs."""
 from __future__ import annotations
 
 import json

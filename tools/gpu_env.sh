@@ -1,8 +1,9 @@
 # Sourced by tools/gpu_check.sh and tools/gpu_study.sh: the environment of a program on the GPU
 # machine. The image's own jax, flax, optax, orbax and numpy are used as they are (its jax is
 # newer than setup.py's range, so pip never resolves the project there); the packages it lacks
-# come from .whl/ (carried; fetched with `bash tools/gpu_check.sh --fetch-wheels`), installed
-# with --no-deps into a scratch folder; the project runs from PYTHONPATH.
+# come from .whl/ (copied with the checkout to the machine, which has no network; fetched with
+# `bash tools/gpu_check.sh --fetch-wheels`), installed with --no-deps into a scratch folder; the
+# project runs from PYTHONPATH.
 GPU_WHEELS=(grain==0.2.18 array-record==0.8.6 ml-collections==1.1.0 tensorboardX==2.6.5
             portpicker==1.6.0)
 
