@@ -19,13 +19,11 @@ import ml_collections
 from diff_transformer import data, provenance
 from diff_transformer.model.spec import ModelSpec
 from diff_transformer.runs.folder import RunFolder
-from diff_transformer.training import validation
 from diff_transformer.training.guard import DivergenceGuard
 from diff_transformer.training.opening import Run, open_alone
-from diff_transformer.mesh import global_batch
+from diff_transformer.training.members import Member, Members, OnDivergence, OneRun
 from diff_transformer.training.metrics import (MetricsLogger, RateWindow,
-                                               executed_flops_per_token, log_train_row,
-                                               train_flops_per_token)
+                                               executed_flops_per_token, train_flops_per_token)
 from diff_transformer.training.peak import peak_tflops_per_device
 from diff_transformer.training.schedule import Schedule, run_steps
 from diff_transformer.training.stop import StopSignal, exit_now
@@ -100,9 +98,11 @@ def _train(config: ml_collections.ConfigDict, workdir: Path, lock: WorkdirLock |
     return dict(step=0, stopped_by=None, imported=config.init_from_hf)
   logger, window = start_logging(run)
   stop = StopSignal(lambda: exit_now(run.checkpointer, lock))
+  alone = Member(0, None, run, DivergenceGuard(run.checkpointer, config.train.max_loss_spike),
+                 OnDivergence.STOP, logger, window, dict(step=run.start, stopped_by=None))
   try:
-    alone = _Alone(run, logger, window)
-    run_steps(alone, run.state, Schedule.from_config(config.train, run.start), stop)
+    run_steps(Members([alone], OneRun(run)), run.state,
+              Schedule.from_config(config.train, run.start), stop)
     summary = alone.summary
   finally:
     stop.close()
@@ -111,58 +111,6 @@ def _train(config: ml_collections.ConfigDict, workdir: Path, lock: WorkdirLock |
   if summary["stopped_by"] is None and "val_loss" in summary:
     finish(run, summary)
   return summary
-
-
-class _Alone:
-  """A single run as the step loop's cohort: its divergence guard raises (the run stops)."""
-
-  def __init__(self, run: Run, logger: MetricsLogger, window: RateWindow):
-    self.run, self.logger, self.window = run, logger, window
-    self.guard = DivergenceGuard(run.checkpointer, run.config.train.max_loss_spike)
-    self.summary: dict = dict(step=run.start, stopped_by=None)
-    self.training = True
-
-  def next_batch(self):
-    return global_batch(self.run.mesh, next(self.run.iterator))
-
-  def train_step(self, state, batch):
-    return self.run.trainer.train_step(state, batch)
-
-  def stepped(self, step: int) -> None:
-    self.summary["step"] = step
-    self.window.step()
-    self.run.checkpointer.check_saved()  # a failed async save stops the run here
-
-  def check(self, step: int, metrics: dict) -> None:
-    self.guard.check_step(step, jax.device_get(metrics))
-
-  def log(self, step: int, values: dict) -> None:
-    log_train_row(self.logger, self.window, self.summary, step, values)
-
-  def evaluate(self, state, step: int) -> bool:
-    run = self.run
-    val = validation.metrics(run.trainer, state, run.dataset, run.config, run.mesh)
-    self.logger.write(step, val, kind="val")
-    self.logger.progress(step, val)
-    self.summary.update(val)
-    self.window.reset()
-    level = run.config.train.stop_at_val_accuracy
-    if level and val["val_accuracy"] >= level:
-      self.summary["stopped_at_level"] = True  # a finished run: saved, summary written
-      self.training = False
-    return not self.training
-
-  def save(self, state, batch, step: int, scheduled: bool) -> None:
-    t = self.run.config.train
-    self.guard.check_state(step, validation.state_loss(self.run.trainer, state, batch,
-                                                       t.micro_batches))
-    self.run.checkpointer.save(step, state, self.run.iterator)
-    self.window.reset()
-
-  def stopped(self, step: int, reason: str) -> None:
-    self.summary["stopped_by"] = reason
-    self.logger.print(f"{reason}: saved checkpoint step {step} in "
-                      f"{self.run.checkpointer.directory}; exiting")
 
 
 def finish(run: Run, summary: dict) -> None:

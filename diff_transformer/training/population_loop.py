@@ -34,7 +34,7 @@ from diff_transformer.training.guard import DivergenceGuard
 from diff_transformer.training.loop import finish, start_logging
 from diff_transformer.training.opening import open_data, open_run, record_start
 from diff_transformer.training.population import Population
-from diff_transformer.training.population_members import Member, Members, failed_before
+from diff_transformer.training.members import Member, Members, Stacked, failed_before
 from diff_transformer.training.schedule import Schedule, run_steps
 from diff_transformer.training.step import Trainer
 from diff_transformer.training.stop import StopSignal
@@ -150,7 +150,7 @@ def _train(configs, workdirs, scales, name: str) -> list[dict]:
   bar = tqdm(total=t.steps, initial=start, dynamic_ncols=True, unit="step", mininterval=1.0,
              desc=name)
   try:
-    _, stopped_by = run_steps(Members(live, population, bar), state,
+    _, stopped_by = run_steps(Members(live, Stacked(live, population), bar), state,
                               Schedule.from_config(t, start), stop)
   finally:
     stop.close()

@@ -1,5 +1,5 @@
-"""The one step loop: a single run is a cohort of one (training/loop.py), a population a cohort
-of many (training/population_loop.py); both follow this schedule.
+"""The one step loop: a single run is a population of one (training/members.py), so a run
+(training/loop.py) and a population (training/population_loop.py) follow this schedule.
 
 Each step trains, then checks the previous step's loss (one step late, so dispatch stays
 asynchronous); log steps check at once, evaluation steps evaluate, save steps check what is
