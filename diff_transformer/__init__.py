@@ -14,7 +14,7 @@ import sys
 # it.
 _ipython_absent = "IPython" not in sys.modules
 if _ipython_absent:
-  sys.modules["IPython"] = None  # `import IPython` raises ImportError: flax's "not inside IPython"
+  sys.modules["IPython"] = None  # type: ignore[assignment]  # import IPython: ImportError
 try:
   import flax
   import flax.nnx  # noqa: F401  (the import that asks)

@@ -14,7 +14,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import IO, Callable
+from typing import IO, Callable, Sequence
 
 from diff_transformer.paths import write_atomic
 from diff_transformer.runs.folder import RunFolder
@@ -78,7 +78,7 @@ def pinned(core: int | None):
     os.sched_setaffinity(0, before)
 
 
-def cores_for(jobs: int) -> list[int | None]:
+def cores_for(jobs: int) -> Sequence[int | None]:
   """One core per concurrent child (at most the cores this process may use); [None] (no
   pinning: the child uses every core) for one job."""
   if jobs <= 1 or not hasattr(os, "sched_getaffinity"):

@@ -18,7 +18,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import IO, Callable, Protocol
+from typing import IO, Callable, Protocol, Sequence
 
 import ml_collections
 from tqdm import tqdm
@@ -38,7 +38,8 @@ class LaunchError(UserError, RuntimeError):
 
 class Plan(Protocol):
   """What the launcher needs of a sweep or a study."""
-  name: str
+  @property
+  def name(self) -> str: ...
 
   def validate(self) -> "Plan": ...
   def points(self) -> list[str]: ...
@@ -85,8 +86,8 @@ def raise_if_stopped() -> None:
 def finished(plan: Plan, point: str, workdir: str) -> bool:
   """The run reached its last step, or stopped at its train.stop_at_val_accuracy level."""
   summary = RunFolder(workdir).read_summary(LaunchError)
-  return bool(summary) and (summary.get("step", -1) >= plan.get_config(point).train.steps or
-                            bool(summary.get("stopped_at_level")))
+  return summary is not None and (summary.get("step", -1) >= plan.get_config(point).train.steps
+                                  or bool(summary.get("stopped_at_level")))
 
 
 def command(plan_file: str, point: str, workdir: str, python: str = sys.executable) -> list[str]:
@@ -98,7 +99,7 @@ def run(plan: Plan, plan_file: str, root: str, *, mode: str = "local", launcher:
         point_args: dict[str, tuple[str, ...]] | None = None, keep_going: bool = False,
         jobs: int = 1, on_done: Callable[[str, str], None] | None = None,
         settings: dict[str, dict] | None = None, retrain: bool = False,
-        groups: list[list[str]] = ()) -> dict[str, str]:
+        groups: Sequence[list[str]] = ()) -> dict[str, str]:
   """Runs `points` (default: every point of the plan; `point_args` adds flags per point), up
   to `jobs` at once; the unfinished points of each of `groups` train as one population program.
   Returns {point: 'skipped' | 'ran' | 'printed' | 'failed (exit N); see LOG'}; a failed local
@@ -146,7 +147,7 @@ def _run_local(plan: Plan, children: list[Child], status: dict[str, str], *, job
   process, on the core a child just left, before the next child takes it. A population's member
   that did not finish is failed on its own (its log names why). An interrupt stops every
   running child (each saves) before it propagates."""
-  queue, free = list(children), cores_for(jobs)
+  queue, free = list(children), list(cores_for(jobs))
   running: dict[int, tuple[subprocess.Popen, IO, Child, int | None]] = {}
   bar = tqdm(total=sum(len(c.points) for c in children), desc=plan.name, unit="run")
   try:

@@ -90,7 +90,8 @@ def mesh_shape(mesh_config: ml_collections.ConfigDict, num_devices: int) -> tupl
   if math.prod(sizes) != num_devices:
     raise TrainError(f"mesh: data*fsdp*tensor = {'*'.join(map(str, sizes))} = "
                      f"{math.prod(sizes)} but {num_devices} devices are available")
-  return tuple(sizes)
+  data, fsdp, tensor = sizes
+  return data, fsdp, tensor
 
 
 def make_mesh(mesh_config: ml_collections.ConfigDict, devices=None) -> jax.sharding.Mesh:

@@ -55,7 +55,7 @@ class _Stop:
     self.step += 1
     if self.at is not None and self.step >= self.at:
       self.requested = "SIGTERM"
-    return self.requested is not None and due
+    return self.requested if due else None
 
 
 def _of(events, kind):
@@ -116,3 +116,20 @@ def test_a_member_finishing_between_saves_is_saved_at_its_step_alone():
   run_steps(cohort, 0, Schedule(0, 12, 4, 5, 6), _Stop())
   assert [e for e in cohort.events if e[0] == "save"] == [
       ("save", 5, False), ("save", 6, True), ("save", 12, True)]
+
+
+def test_a_process_stopped_by_anothers_request_names_the_stop(monkeypatch):
+  """With several processes, one that got no signal stops with the others and says why, so its
+  run is a stopped run (no summary of a finished one), not a finished one."""
+  import jax
+  import numpy as np
+  from jax.experimental import multihost_utils
+  from diff_transformer.training import stop as stop_module
+  monkeypatch.setattr(jax, "process_count", lambda: 2)
+  monkeypatch.setattr(multihost_utils, "process_allgather", lambda x: np.array([x, 1]))
+  signal = stop_module.StopSignal()
+  try:
+    assert signal.agreed(due=False) is None  # other steps never wait on a gather
+    assert signal.agreed(due=True) == stop_module.ANOTHER_PROCESS
+  finally:
+    signal.close()

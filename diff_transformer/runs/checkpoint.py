@@ -118,7 +118,7 @@ class Checkpointer:
     if self._pending is None or (not wait and self.manager.is_saving_in_progress()):
       return
     step, self._pending = self._pending, None
-    error = None
+    error: BaseException | None = None
     try:
       self.manager.wait_until_finished()
     except Exception as e:  # noqa: BLE001 - orbax re-raises whatever the save thread hit

@@ -85,7 +85,8 @@ def tune(study: Study, run_points: Callable[[list[str]], dict[str, dict]], floor
     points = {c: {lr: [study.grid_point(c, lr, s) for s in study.lr_grid_seeds] for lr in lrs[c]}
               for c in lrs}
     records = run_points([p for c in points.values() for ps in c.values() for p in ps])
-    decisions, grew = {}, False
+    decisions: dict[str, dict] = {}
+    grew = False
     for cell, by_lr in points.items():
       runs = {lr: [records[p] for p in ps if p in records] for lr, ps in by_lr.items()}
       if not any(runs.values()):  # nothing recorded yet (a report from records only)

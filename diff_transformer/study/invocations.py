@@ -73,4 +73,4 @@ def _cpu_name() -> str:
 
 
 def _cores() -> int:
-  return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+  return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

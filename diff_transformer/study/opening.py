@@ -4,6 +4,7 @@ how to read the tables, and the lr grid."""
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 from diff_transformer.study.cells import num, plural, table
 
@@ -71,7 +72,7 @@ def _how_to_read(info: dict) -> list[str]:
   return lines + [""]
 
 
-def header(result: dict, first: list[str] = ()) -> list[str]:
+def header(result: dict, first: Sequence[str] = ()) -> list[str]:
   """Title, the limits, `first` (more first lines), the setting and how to read the tables."""
   info = result["study"]
   minutes = sum(r["train_seconds"] for r in result["runs"]

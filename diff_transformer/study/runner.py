@@ -88,7 +88,8 @@ def run(study: Study, study_file: str, root: str | Path, results: str | Path | N
   trained under another setting is refused, or with `retrain` set aside and trained anew."""
   root = Path(root)
   results = Path(results or root)
-  status, grid = {}, {}
+  status: dict[str, str] = {}
+  grid: dict = {}
   if study.lr_grid:
     def run_grid(points: list[str]) -> dict[str, dict]:
       for p, why in _run_points(study, study_file, root / GRID_DIR, results, points, jobs,

@@ -120,7 +120,8 @@ def paired_censored(variant: dict[int, tuple[float, bool]], baseline: dict[int, 
   ('<=' or '>='), otherwise it is not bounded ('undetermined'). No t interval for such a metric."""
   seeds = sorted(variant.keys() & baseline.keys())
   earlier = later = tied = 0
-  diffs, sides = [], set()
+  diffs: list[float] = []
+  sides: set[str] = set()
   for s in seeds:
     (tv, rv), (tb, rb) = variant[s], baseline[s]
     diffs.append(tv - tb)

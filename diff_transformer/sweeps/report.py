@@ -39,7 +39,7 @@ def _most_common(rows, key):
 def fits(rows: list[dict]) -> dict:
   """{'N': {variant: law}, 'D': {...}}; N-fits use the budget most sizes share, D-fits the size
   most budgets share. N counts non-embedding parameters (tiny models are embedding-dominated)."""
-  out = {"N": {}, "D": {}}
+  out: dict[str, dict] = {"N": {}, "D": {}}
   budget = _most_common(rows, "budget")
   size = _most_common([r for r in rows if r["budget"] != budget], "size")
   for variant in sorted({r["variant"] for r in rows}):

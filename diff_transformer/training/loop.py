@@ -75,10 +75,10 @@ def start_logging(run: Run, bar: bool = True) -> tuple[MetricsLogger, RateWindow
                f"{spec.num_layers} layers, d_model {spec.d_model}; "
                f"{tokens_per_step} tokens/step; workdir {run.workdir}")
   if run.resumed and run.batch_change is not None:  # allowed; data order and schedule change
-    old, new = run.batch_change
-    logger.print(f"Resuming with train.global_batch_size {new} (was {old}): the data order and "
-                 f"the step schedule change from step {run.start}")
-    logger.write(run.start, dict(previous_global_batch_size=old, global_batch_size=new),
+    was_batch, batch = run.batch_change
+    logger.print(f"Resuming with train.global_batch_size {batch} (was {was_batch}): the data "
+                 f"order and the step schedule change from step {run.start}")
+    logger.write(run.start, dict(previous_global_batch_size=was_batch, global_batch_size=batch),
                  kind="resume")
   if run.code_change is not None:  # allowed; said once here and kept in the metrics
     old, new = provenance.label(run.code_change), provenance.label(provenance.code_version())

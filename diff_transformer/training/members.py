@@ -39,8 +39,9 @@ class Member:
   run: Run
   guard: DivergenceGuard
   on_divergence: OnDivergence = OnDivergence.HOLD
-  logger: MetricsLogger | None = None
-  window: RateWindow | None = None
+  # Set when the member starts training (a member failed in an earlier attempt never does).
+  logger: MetricsLogger = None  # type: ignore[assignment]
+  window: RateWindow = None  # type: ignore[assignment]
   summary: dict = dataclasses.field(default_factory=dict)
   failed: str | None = None
   finished: bool = False

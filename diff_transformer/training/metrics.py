@@ -16,6 +16,7 @@ import json
 import math
 import sys
 import time
+from typing import Any
 from pathlib import Path
 
 import jax
@@ -116,7 +117,7 @@ class MetricsLogger:
     self.bar = (tqdm(total=total_steps, initial=start_step, dynamic_ncols=True, unit="step",
                      mininterval=1.0) if bar else None)
 
-  def write(self, step: int, values: dict[str, float], kind: str = "train") -> None:
+  def write(self, step: int, values: dict[str, Any], kind: str = "train") -> None:
     if not self.enabled:
       return
     row = {"step": int(step), "kind": kind, "time": time.time()}

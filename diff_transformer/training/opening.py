@@ -122,7 +122,8 @@ def open_alone(config: ml_collections.ConfigDict, workdir: Path, start_params=No
   found = run.checkpointer.restore(trainer.abstract_state, run.iterator)
   if found is not None:
     print(f"Resumed from checkpoint step {found[1]} in {run.checkpointer.directory}", flush=True)
-  record_start(run, *(found or (trainer.init(), 0)), resumed=found is not None)
+  state, start = found or (trainer.init(), 0)
+  record_start(run, state, start, resumed=found is not None)
   if found is None and params is not None:
     run.state = _start_from(trainer, run.state, params, config.init_from_hf, run.checkpointer,
                             run.iterator)

@@ -69,25 +69,25 @@ def train_population(configs: list[ml_collections.ConfigDict], workdirs: list[st
   """Trains every member to its train.steps (resuming if their folders hold checkpoints);
   returns each member's summary (as train() returns it; a failed member's holds `failed`)."""
   configs = [copy.deepcopy(c) for c in configs]
-  workdirs = [Path(w).expanduser().resolve() for w in workdirs]
-  if not configs or len(configs) != len(workdirs):
-    raise TrainError(f"population: {len(configs)} configs for {len(workdirs)} workdirs")
-  if len(set(workdirs)) != len(workdirs):
+  paths = [Path(w).expanduser().resolve() for w in workdirs]
+  if not configs or len(configs) != len(paths):
+    raise TrainError(f"population: {len(configs)} configs for {len(paths)} workdirs")
+  if len(set(paths)) != len(paths):
     raise TrainError("population: two members share a workdir")
   if jax.process_count() > 1:
     raise TrainError("population: trains in one process on one device; run multi-process "
                      "training with train.py")
   scales = check_members(configs)
-  for workdir in workdirs:
-    prepare_workdir(workdir)
+  for path in paths:
+    prepare_workdir(path)
   with contextlib.ExitStack() as held:
-    for workdir in workdirs:
-      lock = WorkdirLock(workdir)
+    for path in paths:
+      lock = WorkdirLock(path)
       notice = lock.acquire()
       held.callback(lock.release)
       if notice:
-        print(f"warning: {workdir}: {notice}", flush=True)
-    return _train(configs, workdirs, scales, name)
+        print(f"warning: {path}: {notice}", flush=True)
+    return _train(configs, paths, scales, name)
 
 
 def _open(configs, workdirs, scales, name: str):
@@ -122,8 +122,10 @@ def _open(configs, workdirs, scales, name: str):
       print(f"{m.run.workdir}: checkpoints {ahead} are ahead of the population's newest common "
             f"step {start}; moved to {target}", flush=True)
     if start:
-      state, _ = m.run.checkpointer.restore(trainer.abstract_state, m.run.iterator, step=start)
-      states.append(state)
+      found = m.run.checkpointer.restore(trainer.abstract_state, m.run.iterator, step=start)
+      if found is None:  # committed_steps listed it a moment ago
+        raise TrainError(f"{m.run.workdir}: checkpoint step {start} is gone; rerun to resume")
+      states.append(found[0])
   state = jax.tree.map(lambda *xs: jnp.stack(xs), *states) if start else population.init()
   for m in live:
     record_start(m.run, None, start, resumed=bool(start))  # the state: the population's, stacked

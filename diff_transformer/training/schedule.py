@@ -50,7 +50,8 @@ class Schedule:
 class Cohort(Protocol):
   """What the loop steps: one run, or the members of a population."""
 
-  training: bool  # False once nothing is left to train (its level reached, every member failed)
+  @property
+  def training(self) -> bool: ...  # False once nothing is left (its level reached, all failed)
 
   def next_batch(self) -> Any: ...
   def train_step(self, state, batch) -> tuple[Any, dict]: ...
@@ -83,14 +84,14 @@ def run_steps(cohort: Cohort, state, schedule: Schedule,
       cohort.log(step, values)
     finished = cohort.evaluate(state, step) if schedule.evaluates(step) else False
     last = last or not cohort.training
-    stopping = stop.agreed(schedule.agrees(step) or last)
-    scheduled = stopping or last or schedule.saves(step)
+    stopping = stop.agreed(schedule.agrees(step) or last)  # why every process stops, or None
+    scheduled = stopping is not None or last or schedule.saves(step)
     if scheduled or finished:
       if pending is not None:  # never save a NaN state
         cohort.check(*pending)
         pending = None
       cohort.save(state, batch, step, scheduled)
-    if stopping:
-      cohort.stopped(step, stop.requested)
-      return step, stop.requested
+    if stopping is not None:
+      cohort.stopped(step, stopping)
+      return step, stopping
   return step, None

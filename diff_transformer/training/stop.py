@@ -13,6 +13,8 @@ import numpy as np
 from diff_transformer.runs.checkpoint import Checkpointer
 from diff_transformer.runs.lock import WorkdirLock
 
+ANOTHER_PROCESS = "a stop requested on another process"
+
 
 class StopSignal:
   """Turns SIGTERM/SIGINT into a request to save and exit at the next step boundary; a second
@@ -35,18 +37,19 @@ class StopSignal:
       raise KeyboardInterrupt  # a second Ctrl-C means now
     self.requested = signal.Signals(signum).name
 
-  def agreed(self, due: bool) -> bool:
-    """All processes must stop at the same step: any process's request stops everyone. With
-    several processes they agree only at `due` steps (the same steps on every host: logging and
-    checkpoint steps), so other steps never wait on a cross-host gather; one process stops at
-    the next step."""
-    flag = self.requested is not None
+  def agreed(self, due: bool) -> str | None:
+    """Why every process stops at this step (None: they go on). Any process's request stops
+    everyone; with several processes they agree only at `due` steps (the same steps on every
+    host: logging and checkpoint steps), so other steps never wait on a cross-host gather. A
+    process stopped by another's request names that too, so its run is not taken as finished."""
     if jax.process_count() > 1:
       if not due:
-        return False
-      from jax.experimental import multihost_utils
-      flag = bool(np.any(multihost_utils.process_allgather(np.int32(flag))))
-    return flag
+        return None
+      from jax.experimental import multihost_utils  # multi-process runs only
+      anywhere = np.any(multihost_utils.process_allgather(np.int32(self.requested is not None)))
+      if anywhere and self.requested is None:
+        self.requested = ANOTHER_PROCESS
+    return self.requested
 
   def close(self) -> None:
     for sig, handler in self._previous.items():

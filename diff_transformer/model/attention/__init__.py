@@ -126,7 +126,7 @@ def model_section() -> ml_collections.ConfigDict:
   """The config's `model` section: the keys every variant has, then each registered variant's
   own, each with its default (optional ones typed, so a later value is accepted)."""
   c = ml_collections.ConfigDict()
-  fields = [(f, ModelSpec) for f in ModelSpec.common_fields()]
+  fields: list[tuple[dataclasses.Field, type]] = [(f, ModelSpec) for f in ModelSpec.common_fields()]
   fields += [(f, VARIANTS[owners[0]].Options) for f, owners in _option_fields().values()]
   for f, owner in fields:
     if f.default is None:  # ml_collections needs the type to accept a later value
