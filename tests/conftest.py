@@ -55,6 +55,12 @@ LONGEST_FIRST = (
 def pytest_collection_modifyitems(config, items):
   rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
   items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: file order kept
+  from diff_transformer.model.attention import variant_names  # the library: after the env above
+  registered = set(variant_names())
+  for item in items:  # `-m variant -k NAME`: everything one variant must pass
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    if "variant" in params or registered & {v for v in params.values() if isinstance(v, str)}:
+      item.add_marker(pytest.mark.variant)
   if config.getoption("--run-long"):
     return
   skip = pytest.mark.skip(reason="marked long: run with --run-long")

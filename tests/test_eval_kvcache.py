@@ -16,9 +16,10 @@ from diff_transformer.model.spec import ModelSpec
 from tests.helpers.variant_table import VARIANTS, entry
 
 VOCAB = 61
-# Every variant with grouped-query attention (h_kv < heads), plus plain MHA for the baseline.
+# Every variant (by its name) with grouped-query attention (h_kv < heads), plus plain MHA for the
+# baseline.
 CASES = {
-    **{f"{v}_gqa": dict(variant=v, num_heads=entry(v).tiny.num_heads, head_dim=16,
+    **{v: dict(variant=v, num_heads=entry(v).tiny.num_heads, head_dim=16,
                         num_kv_heads=entry(v).tiny.num_kv_heads,
                         **dataclasses.asdict(entry(v).tiny.options))
        for v in VARIANTS},
@@ -79,7 +80,7 @@ def test_prefill_equals_decoding_into_an_empty_cache(fns):
 
 
 def test_reference_kernel_decode_matches_full_forward():
-  spec = tiny("reference", **CASES["diff_gqa"])
+  spec = tiny("reference", **CASES["diff"])
   f = common.Fns(build_model(spec, nnx.Rngs(2)))
   tokens = np.arange(12, dtype=np.int32)[None] % VOCAB
   full = np.asarray(f.logits(tokens))

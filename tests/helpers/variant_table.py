@@ -43,6 +43,10 @@ class Entry:
   # to ~35x there (measured: max 3.2e-5 over 80 random draws, median 9e-7); a semantic slip
   # (pairing, scale, lambda, mask) moves the output by orders of magnitude more.
   tolerance: float = 1e-5
+  # whether its train rows log lambda per layer (lambda/l0 ..., lambda/mean; Attention.metrics)
+  logs_lambda: bool = True
+  # its own model.* options in the learning test (tests/test_training_learning.py)
+  learning_options: tuple[tuple[str, object], ...] = ()
 
 
 def _out_scale(s: ModelSpec):
@@ -92,7 +96,8 @@ TABLE: dict[str, Entry] = {
         attention_params=lambda s: (2 * s.d_model * s.num_heads * s.head_dim
                                     + 2 * s.d_model * s.kv_heads * s.head_dim),
         cache=_one_key_one_value, learning_heads=(4, 2),
-        equality_meshes=((8, 1, 1), (2, 2, 2)), init_mesh=(8, 1, 1), undecayed=frozenset()),
+        equality_meshes=((8, 1, 1), (2, 2, 2)), init_mesh=(8, 1, 1), undecayed=frozenset(),
+        logs_lambda=False),
     "diff": Entry(
         tiny=make_spec(variant="diff", num_heads=2, num_kv_heads=1, head_dim=8, **BASE),
         numerics=(4, 8), oracle=_diff_v1(shared=False), attention_params=_diff_params,
@@ -105,7 +110,7 @@ TABLE: dict[str, Entry] = {
         numerics=(4, 8), oracle=_diff_v1(shared=True), attention_params=_shared_params,
         cache=_two_keys_wide_value, learning_heads=(2, 1),
         equality_meshes=((2, 2, 2), (1, 4, 2)), init_mesh=(1, 4, 2), undecayed=DIFF_UNDECAYED,
-        tolerance=1e-4),
+        tolerance=1e-4, learning_options=(("rank", 8),)),
     "diff_v2": Entry(
         tiny=make_spec(variant="diff_v2", num_heads=4, num_kv_heads=2, head_dim=8, **BASE),
         numerics=(4, 16),
