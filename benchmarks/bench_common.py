@@ -15,7 +15,7 @@ from configs.scaling import get_config  # noqa: E402
 from diff_transformer.config import base_config, validate  # noqa: E402
 from diff_transformer.model.attention import make_spec  # noqa: E402
 from diff_transformer.params import heads_for  # noqa: E402
-from diff_transformer.training.metrics import kernel_inputs  # noqa: E402
+from diff_transformer.model.attention import kernel_inputs  # noqa: E402
 
 PAPER_SIZE = "830m"
 

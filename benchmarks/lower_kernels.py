@@ -1,5 +1,5 @@
 """Lower the fused differential Pallas kernels (forward and backward) without accelerators,
-each variant's kernel call shaped by its own projection (training/metrics.kernel_inputs).
+each variant's kernel call shaped by its own projection (model/attention.kernel_inputs).
 
 - TPU (Mosaic): jit(...).trace(ShapeDtypeStructs).lower(lowering_platforms=("tpu",)) under an
   abstract mesh whose device kind is "TPU v5 lite" (Mosaic needs a TPU generation).
@@ -33,7 +33,7 @@ from jax.sharding import AbstractDevice, AbstractMesh, NamedSharding, PartitionS
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from diff_transformer.aot import topology_devices  # noqa: E402
 from diff_transformer.kernels.pallas import attention, sharded_attention  # noqa: E402
-from diff_transformer.training.metrics import kernel_inputs  # noqa: E402
+from diff_transformer.model.attention import kernel_inputs  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import kernel_spec  # noqa: E402

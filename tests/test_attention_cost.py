@@ -114,7 +114,7 @@ def test_cudnn_exact_flops_count_the_calls_its_layout_makes(packed):
   the values split into q-wide halves (QK^T twice). The count of what reaches cuDNN (each call a
   one-map attention of its own shapes) is what executed_flops reports."""
   from diff_transformer.kernels import cudnn
-  from tests.helpers.kernels import exact_cpu_attention
+  from diff_transformer.kernels.oracle import exact_cpu_attention
   B, T, N, d = 1, 16, 2, 8
   calls = []
 

@@ -143,7 +143,7 @@ def run_path(path, *args, **kw):
   if path == "cudnn_layout":
     return cudnn.attention(*args, implementation="xla", **kw)
   if path in EXACT_LAYOUT:
-    from tests.helpers.kernels import exact_cpu_attention
+    from diff_transformer.kernels.oracle import exact_cpu_attention
     return cudnn.attention(*args, core=cudnn.equal_widths(exact_cpu_attention),
                            implementation="xla", **EXACT_LAYOUT[path], **kw)
   return kernels.attention(*args, **PATHS[path], **kw)
@@ -172,7 +172,7 @@ def test_kernels_match_float64_on_fresh_inputs(kernel, case):
 @pytest.mark.parametrize("case", ["v1", "v1_mha", "v2", "v2_mqa", "base"])
 def test_kernel_gradients_match_float64(path, case):
   """Forward and every input's gradient against the float64 softmax-Jacobian reference."""
-  from tests.helpers.kernels import (ARG_NAMES, make_inputs, np_attention,  # only this test
+  from diff_transformer.kernels.oracle import (ARG_NAMES, make_inputs, np_attention,  # only this test
                                      scalar_lam_terms)
   variant, kv = {"v1": ("v1", 2), "v1_mha": ("v1", 4), "v2": ("v2", 2), "v2_mqa": ("v2", 1),
                  "base": ("base", 2)}[case]
@@ -256,7 +256,7 @@ def test_a_packed_cudnn_call_has_every_operand_at_the_query_width(case, kv_offse
   not carry wider values or, there, GQA heads (an unpacked call may); the numbers stay the
   float64 oracle's."""
   monkeypatch.setattr(cudnn, "KV_OFFSETS_BY_KEY_HEADS", kv_offsets_by_key_heads)
-  from tests.helpers.kernels import exact_cpu_attention
+  from diff_transformer.kernels.oracle import exact_cpu_attention
   calls = []
 
   def recording_core(q, k, v, **kw):

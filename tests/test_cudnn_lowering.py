@@ -16,7 +16,7 @@ from lower_cudnn import STEPS, check, fmha_calls, lowered_step, summary  # noqa:
 
 from diff_transformer.kernels import auto, cudnn  # noqa: E402
 from diff_transformer.model.attention import PAPER_VARIANTS, spec_from_config  # noqa: E402
-from diff_transformer.training.metrics import kernel_inputs  # noqa: E402
+from diff_transformer.model.attention import kernel_inputs  # noqa: E402
 
 # The 830M step at 2K and the 3B step at 4K, as the GPU jobs train them.
 CASES = [STEPS[0], STEPS[2]]

@@ -21,7 +21,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from tests.helpers.child_env import fake_devices_env
 from diff_transformer.kernels.pallas import attention
-from tests.helpers.kernels import ARG_NAMES, make_inputs, np_attention
+from diff_transformer.kernels.oracle import ARG_NAMES, make_inputs, np_attention
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,7 +1,7 @@
 """The correctness stage: every attention path of every variant against the float64 oracle,
 forward and every input's gradient, at small heads and at the paper presets' own head widths.
 
-Kernel inputs come from each variant's own `project` (training/metrics.kernel_inputs), so a cell
+Kernel inputs come from each variant's own `project` (model/attention.kernel_inputs), so a cell
 runs exactly the call the model makes: Shared DIFF's call has DIFF V1's form (separate keys,
 2d-wide values, scalar lambda) and, at equal shapes, the same compiled program.
 """
@@ -23,8 +23,8 @@ from diff_transformer.kernels import cudnn, reference, xla
 from diff_transformer.kernels.pallas import attention as pallas_attention
 from diff_transformer.model.attention import spec_from_config
 from diff_transformer.model.spec import ModelSpec
-from diff_transformer.training.metrics import kernel_inputs
-from tests.helpers.kernels import (ARG_NAMES, exact_cpu_attention, np_attention,
+from diff_transformer.model.attention import kernel_inputs
+from diff_transformer.kernels.oracle import (ARG_NAMES, exact_cpu_attention, np_attention,
                                    scalar_lam_terms)
 
 # Worst relative error that passes: float32 matmuls may run as TF32 on the GPU (XLA's and

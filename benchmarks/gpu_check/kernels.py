@@ -16,8 +16,8 @@ from benchmarks.gpu_check.common import (OPTIONS, Deadline, Record, compile_all,
 from benchmarks.gpu_check.correctness import fwd_bwd, out_struct, paths, signature
 from diff_transformer.kernels import executed_flops
 from diff_transformer.model.attention import PAPER_VARIANTS, spec_from_config, variant_class
-from diff_transformer.training.metrics import kernel_inputs
-from tests.helpers.kernels import ARG_NAMES
+from diff_transformer.model.attention import kernel_inputs
+from diff_transformer.kernels.oracle import ARG_NAMES
 
 # The fused kernel at its defaults, and with the other warp count (api.py picks 8 for values
 # wider than 128 after padding, else 4).

@@ -21,11 +21,10 @@ from pathlib import Path
 
 import jax
 import numpy as np
-from flax import nnx
 
 from diff_transformer import kernels
 from diff_transformer.files import mend_jsonl_tail
-from diff_transformer.model.attention import variant_class
+from diff_transformer.model.attention import kernel_inputs, variant_class
 from diff_transformer.model.spec import ModelSpec
 from diff_transformer.params import abstract_model, param_shapes
 from diff_transformer.runs.folder import RunFolder
@@ -51,15 +50,6 @@ def attention_flops_per_token(spec: ModelSpec, seq_len: int) -> float:
 
 def train_flops_per_token(spec: ModelSpec, seq_len: int) -> float:
   return 6.0 * matmul_params(spec) + 3.0 * attention_flops_per_token(spec, seq_len)
-
-
-def kernel_inputs(spec: ModelSpec, seq_len: int, batch: int = 1):
-  """The variant's kernel inputs (a Projected of ShapeDtypeStructs: q1, k1, v, q2, k2, lam) for
-  `batch` rows of `seq_len` tokens, traced from its own `project` without any arrays."""
-  x = jax.ShapeDtypeStruct((batch, seq_len, spec.d_model), spec.compute_dtype)
-  positions = jax.ShapeDtypeStruct((batch, seq_len), np.int32)
-  return jax.eval_shape(lambda x, pos: variant_class(spec.variant)(spec, 0, rngs=nnx.Rngs(0)).project(
-      x, pos), x, positions)
 
 
 def executed_flops_per_token(spec: ModelSpec, seq_len: int, packed: bool = False

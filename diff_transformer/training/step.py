@@ -53,7 +53,7 @@ class Trainer:
                spec: ModelSpec | None = None):
     self.config, self.mesh = config, mesh
     self.spec = spec or spec_from_config(config.model)
-    self.schedule = learning_rate_schedule(config.train)
+    self.lr_schedule = learning_rate_schedule(config.train)
     self.micro_batches = int(config.train.micro_batches)
     self.z_loss = float(config.train.z_loss)
     # Text rows pack documents (segment ids needed); a synthetic task's row is one sequence, so
@@ -168,7 +168,7 @@ class Trainer:
     grads, (nll_sum, z_sum, correct_sum), layer_metrics, total_weight = self._grads_fn(
         params, state["constants"], batch)
     updates, opt_state = self.tx.update(grads, state["opt_state"], params)
-    lr = self.schedule(state["step"])
+    lr = self.lr_schedule(state["step"])
     if lr_scale is not None:
       updates = jax.tree.map(lambda u: u * lr_scale.astype(u.dtype), updates)
       lr = lr * lr_scale

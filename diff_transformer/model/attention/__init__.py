@@ -6,7 +6,10 @@ import dataclasses
 import importlib
 import typing
 
+import jax
 import ml_collections
+import numpy as np
+from flax import nnx
 
 from diff_transformer.errors import ConfigError
 from diff_transformer.model.attention.base import Attention, Projected
@@ -167,3 +170,12 @@ def make_spec(**values) -> ModelSpec:
 def spec_from_config(model: ml_collections.ConfigDict) -> ModelSpec:
   """The spec of the config's `model` section (make_spec's rules)."""
   return make_spec(**model.to_dict())
+
+
+def kernel_inputs(spec: ModelSpec, seq_len: int, batch: int = 1):
+  """The variant's kernel inputs (a Projected of ShapeDtypeStructs: q1, k1, v, q2, k2, lam) for
+  `batch` rows of `seq_len` tokens, traced from its own `project` without any arrays."""
+  x = jax.ShapeDtypeStruct((batch, seq_len, spec.d_model), spec.compute_dtype)
+  positions = jax.ShapeDtypeStruct((batch, seq_len), np.int32)
+  return jax.eval_shape(lambda x, pos: variant_class(spec.variant)(spec, 0, rngs=nnx.Rngs(0)).project(
+      x, pos), x, positions)

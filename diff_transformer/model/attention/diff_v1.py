@@ -52,9 +52,9 @@ class DiffAttention(Attention):
     self.wv = self._dense(D, K * 2 * d, (EMBED, KV_HEADS), rngs)
     self.wo = self._dense(h * 2 * d, D, (HEADS, EMBED), rngs)
     o = spec.options
-    lam_init = nnx.initializers.normal(o.lambda_std)
+    lambda_vector = nnx.initializers.normal(o.lambda_std)  # lambda_q1 ... k2 (not lambda_init)
     for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
-      setattr(self, name, Lambda(lam_init(rngs.params(), (d,), jnp.float32),
+      setattr(self, name, Lambda(lambda_vector(rngs.params(), (d,), jnp.float32),
                                  out_sharding=(HEAD_DIM,)))
     self.lambda_init = LayerConstant(lambda_init_value(layer_idx, o.lambda_init))
     if o.subln:

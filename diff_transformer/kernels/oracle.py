@@ -1,6 +1,9 @@
-"""Inputs for the fused kernels and an independent float64 numpy reference of their forward and
-backward, written from the formulas (kernels/common.py) with an explicit softmax-Jacobian
-backward (tests/test_pallas_kernel.py checks it against finite differences)."""
+"""The kernels' float64 oracle: an independent numpy reference of their forward and backward,
+written from the formulas (kernels/common.py) with an explicit softmax-Jacobian backward
+(tests/test_pallas_kernel.py checks it against finite differences), XLA's cuDNN-call semantics
+on CPU (`exact_cpu_attention`), and random inputs for the kernels. It shares no code with the
+kernels it checks: the tests and the GPU check both read it here.
+"""
 from __future__ import annotations
 
 import jax.numpy as jnp
