@@ -1,8 +1,8 @@
-"""What the test suite's XLA flags (tests/helpers/child_env.py: FAST_COMPILE_FLAGS) save: each flag set
-added in turn, one fresh process per setting and round (XLA reads its flags once), pinned to one
-core as under `pytest -n 2` on two cores. Each process builds every registered variant's tiny
-trainer (GQA), compiles their init, train and eval steps and runs 20 train steps each. Rounds are
-interleaved; the median and range over rounds are printed and written to
+"""What the test suite's XLA flags (diff_transformer/xla_flags.py: FAST_COMPILE_FLAGS) save: each
+flag set added in turn, one fresh process per setting and round (XLA reads its flags once),
+pinned to one core as under `pytest -n 2` on two cores. Each process builds every registered
+variant's tiny trainer (GQA), compiles their init, train and eval steps and runs 20 train steps
+each. Rounds are interleaved; the median and range over rounds are printed and written to
 benchmarks/results/compile_flags.json.
 
   python benchmarks/compile_flags.py [--rounds 3]
@@ -26,7 +26,7 @@ import jax  # noqa: E402  (XLA reads its flags when the backend starts, not at i
 import numpy as np  # noqa: E402
 from jax import monitoring  # noqa: E402
 
-from tests.helpers.child_env import FAST_COMPILE_FLAGS  # noqa: E402
+from diff_transformer.xla_flags import FAST_COMPILE_FLAGS  # noqa: E402
 from diff_transformer.cli import out_file  # noqa: E402
 from diff_transformer import params  # noqa: E402
 from diff_transformer.config import base_config, validate  # noqa: E402

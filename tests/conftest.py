@@ -9,8 +9,6 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tests.helpers.child_env import with_fast_compile  # noqa: E402  (the root is on sys.path)
-
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # libtpu may be installed for AOT compiles
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # parallel test workers share libtpu
 # Silent broadcasts (a [B, T, h] lambda against a [h] vector, say) fail instead of passing.
@@ -25,9 +23,11 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 # Most tests compile tiny programs and run them a few times, so compiling is most of their cost:
-# child_env.FAST_COMPILE_FLAGS for the session and every child process. A test that trains for
-# many steps runs its child with `child_env.optimized_env()` instead. A flag that XLA_FLAGS
-# already names wins.
+# xla_flags.FAST_COMPILE_FLAGS for the session and every child process. A test that trains for
+# many steps runs its child with `xla_flags.optimized_env()` instead. A flag that XLA_FLAGS
+# already names wins. (The library's first import: after the JAX_* variables above.)
+from diff_transformer.xla_flags import with_fast_compile  # noqa: E402
+
 os.environ["XLA_FLAGS"] = with_fast_compile(os.environ.get("XLA_FLAGS", ""))
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.child_env import optimized_env
+from diff_transformer.xla_flags import optimized_env
 from configs import synthetic as presets
 from diff_transformer.evaluation import Settings, evaluate
 
