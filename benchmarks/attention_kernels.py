@@ -28,7 +28,6 @@ from pathlib import Path
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -39,27 +38,12 @@ from diff_transformer.kernels import reference, xla  # noqa: E402
 from diff_transformer.kernels.pallas import attention as pallas_attention  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import (interleaved_times, kernel_spec, random_kernel_inputs,  # noqa: E402
-                          temp_bytes)
+from bench_common import (fwd_and_bwd, interleaved_times, kernel_spec,  # noqa: E402
+                          random_kernel_inputs, temp_bytes)
 
 # Shared DIFF's kernel inputs are DIFF V1's, so its rows would repeat them.
 VARIANTS = ("transformer", "diff", "diff_v2")
 MIB = 2**20
-
-
-def split_fns(fn, args):
-  """(fwd, fwd+bwd) over the non-None arguments."""
-  idx = [i for i, a in enumerate(args) if a is not None]
-
-  def full(xs):
-    out = [None] * len(args)
-    for i, x in zip(idx, xs):
-      out[i] = x
-    return out
-
-  fwd = lambda *xs: fn(*full(xs), causal=True)
-  bwd = jax.grad(lambda *xs: jnp.sum(fwd(*xs).astype(jnp.float32)), argnums=tuple(range(len(idx))))
-  return fwd, bwd, [args[i] for i in idx]
 
 
 def temp_mib(fn, xs, platforms=None) -> float:
@@ -82,7 +66,7 @@ def cpu_rows(lengths, caps: dict, repeats: int) -> list[dict]:
         if T > caps[path]:
           row["skipped"] = f"T > cap {caps[path]} for this path on CPU"
           continue
-        fwd, bwd, xs = split_fns(fn, args)
+        fwd, bwd, xs = fwd_and_bwd(fn, args, causal=True)
         jitted = jax.jit(fwd)
         calls[path] = lambda jitted=jitted, xs=xs: jitted(*xs)
         row.update(fwd_temp_mib=temp_mib(fwd, xs), fwd_bwd_temp_mib=temp_mib(bwd, xs))
@@ -109,7 +93,7 @@ def tpu_rows(lengths) -> list[dict]:
       for path, fn in paths.items():
         row = dict(variant=variant, T=T, path=path, device="TPU v5e (1 chip, AOT)",
                    shape="B1 N8 K2 d128 bf16")
-        fwd, bwd, xs = split_fns(fn, args)
+        fwd, bwd, xs = fwd_and_bwd(fn, args, causal=True)
         for name, f in (("fwd", fwd), ("fwd_bwd", bwd)):
           try:
             with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):

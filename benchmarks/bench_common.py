@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -133,3 +134,21 @@ def random_kernel_inputs(spec, seq_len: int, batch: int = 1, seed: int = 0) -> l
   keys = jax.random.split(jax.random.key(seed), len(fields))
   return [None if f is None else jax.random.normal(k, f.shape, f.dtype)
           for f, k in zip(fields, keys)]
+
+
+def fwd_and_bwd(fn, args, lead: tuple[str, ...] = (), **fixed):
+  """(forward, forward+backward, present arguments) of a kernel call `fn(*args, **fixed)` over
+  its non-None arguments: the forward takes the `lead` keyword values first (e.g. segment ids,
+  traced like the rest), then the present arguments; the backward is the gradient of the sum of
+  its float32 output with respect to every present argument."""
+  idx = [i for i, a in enumerate(args) if a is not None]
+
+  def fwd(*values):
+    full = [None] * len(args)
+    for i, x in zip(idx, values[len(lead):]):
+      full[i] = x
+    return fn(*full, **dict(zip(lead, values[:len(lead)])), **fixed)
+
+  bwd = jax.grad(lambda *values: jnp.sum(fwd(*values).astype(jnp.float32)),
+                 argnums=tuple(range(len(lead), len(lead) + len(idx))))
+  return fwd, bwd, [args[i] for i in idx]

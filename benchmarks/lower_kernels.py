@@ -36,7 +36,7 @@ from diff_transformer.kernels.pallas import attention, sharded_attention  # noqa
 from diff_transformer.model.attention import kernel_inputs  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import kernel_spec  # noqa: E402
+from bench_common import fwd_and_bwd, kernel_spec  # noqa: E402
 
 # Shared DIFF's kernel inputs are DIFF V1's.
 VARIANTS = ("transformer", "diff", "diff_v2")
@@ -58,30 +58,6 @@ def shapes(variant: str, B: int, T: int, N: int, K: int, d: int, sharding=None, 
   return (*acts, place(p.lam, lam_sh)), seg
 
 
-def fwd_and_bwd(fn):
-  """(forward, backward) callables over the non-None arguments of `fn`."""
-
-  def split(args):
-    idx = [i for i, a in enumerate(args) if a is not None]
-    return idx, [args[i] for i in idx]
-
-  def rebuild(idx, n, present):
-    full = [None] * n
-    for i, a in zip(idx, present):
-      full[i] = a
-    return full
-
-  def make(args):
-    idx, present = split(args)
-    n = len(args)
-    f = lambda seg, *xs: fn(*rebuild(idx, n, xs), segment_ids=seg)
-    g = jax.grad(lambda seg, *xs: jnp.sum(f(seg, *xs).astype(jnp.float32)),
-                 argnums=tuple(range(1, len(present) + 1)))
-    return f, g, present
-
-  return make
-
-
 def lower_all(T: int = 1024) -> list[dict]:
   rows = []
   tpu_mesh = AbstractMesh((1,), ("x",), abstract_device=AbstractDevice(
@@ -92,8 +68,8 @@ def lower_all(T: int = 1024) -> list[dict]:
   for platform, backend in (("tpu", "tpu"), ("cuda", "triton")):
     for variant in VARIANTS:
       args, seg = shapes(variant, 1, T, 4, 2, 128)
-      make = fwd_and_bwd(lambda *a, **k: attention(*a, backend=backend, interpret=False, **k))
-      f, g, present = make(args)
+      f, g, present = fwd_and_bwd(attention, args, lead=("segment_ids",), backend=backend,
+                                  interpret=False)
       for name, fn in (("fwd", f), ("bwd", g)):
 
         def lower(fn=fn):
@@ -136,8 +112,8 @@ def aot_all(T: int = 2048, topology: str = "v5e:2x2") -> list[dict]:
   rows = []
   for variant in VARIANTS:
     args, seg = shapes(variant, 2, T, 8, 2, 128, act, NamedSharding(mesh, P()))
-    make = fwd_and_bwd(sharded_attention(mesh, "data", "model", backend="tpu", interpret=False))
-    f, g, present = make(args)
+    f, g, present = fwd_and_bwd(sharded_attention(mesh, "data", "model", backend="tpu",
+                                                  interpret=False), args, lead=("segment_ids",))
     for name, fn in (("fwd", f), ("bwd", g)):
 
       def compile_(fn=fn):

@@ -37,8 +37,7 @@ def results(check_folder) -> dict:
 
 
 def test_every_stage_wrote_its_record(results):
-  assert set(results) == {"env", "correctness", "kernels", "train", "profile", "decode",
-                          "tests"}
+  assert set(results) == {s.name for s in STAGES if s.in_all}
   for stage, record in results.items():
     assert record["stage"] == stage and record["versions"]["jax"], stage
   assert results["env"]["imports"]["modules"] > 50 and not results["env"]["imports"]["failed"]
@@ -169,14 +168,13 @@ def test_an_unknown_command_buffer_setting_is_refused_before_any_stage_runs(tmp_
   assert "== decode" not in proc.stdout and not list(tmp_path.iterdir())
 
 
-def test_the_train_stage_can_make_one_state_at_a_time(tmp_path, monkeypatch):
+def test_the_train_stage_can_make_one_state_at_a_time(tmp_path):
   """Where the variants' states do not fit on the device together (the 3B presets), each turn
   makes a fresh state and drops it after; the rounds still interleave the variants."""
-  from benchmarks.gpu_check import common, train
-  monkeypatch.setitem(common.OPTIONS, "states", "one")
-  monkeypatch.setitem(common.OPTIONS, "labels", ("auto",))
-  monkeypatch.setitem(common.OPTIONS, "variants", ("transformer", "diff"))  # two interleave
-  train.stage_train(tmp_path, cpu=True, seconds=240)
+  from benchmarks.gpu_check import train
+  from benchmarks.gpu_check.common import Options, StageRun
+  options = Options(states="one", labels=("auto",), variants=("transformer", "diff"))  # two
+  train.stage_train(StageRun("train", tmp_path, cpu=True, seconds=240, options=options))
   record = json.loads((tmp_path / "gpu_check_train.json").read_text())
   assert record["states"] == "one at a time" and record["orbax"].startswith("not run")
   assert {c["variant"] for c in record["cells"] if c["tokens_per_s"] > 0} == {"transformer",

@@ -185,6 +185,7 @@ def test_quick_study_runs_end_to_end_and_resumes(tmp_path):
 def test_populations_group_a_cells_seeds_and_a_grid_cells_lrs_per_grid_seed(tmp_path):
   """What --population=N trains together: a compared cell's seeds; a grid cell's lrs on one
   grid seed (members may differ only in seed and lr), in programs of up to N members."""
+  from diff_transformer.study.points import GRID  # this test's alone
   file = tmp_path / "tiny_study.py"
   file.write_text(TINY_STUDY)
   tiny = cli.load_definition(str(file), "study", "STUDY").validate()
@@ -196,7 +197,7 @@ def test_populations_group_a_cells_seeds_and_a_grid_cells_lrs_per_grid_seed(tmp_
       ["transformer-s2"]]
   grid = ["transformer-lr0.001-s1000", "transformer-lr0.003-s1000", "transformer-lr0.001-s1001",
           "diff_v2-lr0.001-s1000"]
-  assert sorted(map(sorted, runner.populations(tiny, grid, 8, grid=True))) == [
+  assert sorted(map(sorted, runner.populations(tiny, grid, 8, GRID))) == [
       ["diff_v2-lr0.001-s1000"], ["transformer-lr0.001-s1000", "transformer-lr0.003-s1000"],
       ["transformer-lr0.001-s1001"]]
 

@@ -147,7 +147,7 @@ def test_a_loss_grid_is_judged_by_the_whole_split_loss_with_grid_by_primary(tmp_
   """grid_by_primary: the grid chooses by the primary (here the opposite of final_loss), and a
   grid record without it (made before) is not reused; a diverged run's record still is."""
   from configs.studies import lm_scale
-  from diff_transformer.study import runner
+  from diff_transformer.study import points
   study = lm_scale.STUDY
   assert study.grid_metric == "loss" and dataclasses.replace(
       study, grid_by_primary=False).grid_metric == "final_loss"
@@ -159,14 +159,14 @@ def test_a_loss_grid_is_judged_by_the_whole_split_loss_with_grid_by_primary(tmp_
   point = "diff-lr0.004-s1000"
   config = study.get_config(point)
   records.write(tmp_path, point, dict(runs[4e-3][0], final_loss=1.7), setting(config), grid=True)
-  assert runner._grid_read(old, tmp_path, point, setting(config))["final_loss"] == 1.7
+  assert points.GRID.read(old, tmp_path, point, setting(config))["final_loss"] == 1.7
   kept = dict(runs[4e-3][0])
   kept.pop("loss")
   records.write(tmp_path, point, kept, setting(config), grid=True)
-  assert runner._grid_read(study, tmp_path, point, setting(config)) is None
+  assert points.GRID.read(study, tmp_path, point, setting(config)) is None
   records.write(tmp_path, point, dict(lr=4e-3, seed=1000, failed="diverged"), setting(config),
                 grid=True)
-  assert runner._grid_read(study, tmp_path, point, setting(config))["failed"] == "diverged"
+  assert points.GRID.read(study, tmp_path, point, setting(config))["failed"] == "diverged"
 
 
 def test_the_grid_table_shows_the_metric_the_grid_chose_by():

@@ -287,7 +287,7 @@ def test_committed_studies_rebuild_from_their_records_unchanged(tmp_path, name):
 def test_a_grid_run_that_failed_before_its_first_step_is_no_result_of_the_grid(tmp_path):
   """A diverged grid run is recorded as a failed lr; one that never trained a step (a broken
   install, a missing module) is left unrecorded, so the grid does not lose that lr."""
-  from diff_transformer.study.runner import trained_a_step
+  from diff_transformer.study.points import trained_a_step
   started = tmp_path / "started"
   started.mkdir()
   assert not trained_a_step(started) and not trained_a_step(tmp_path / "never")

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from benchmarks.gpu_check import ROOT
-from benchmarks.gpu_check.common import OPTIONS
+from benchmarks.gpu_check.common import Options, StageRun
 from benchmarks.gpu_check.decode import COMMAND_BUFFERS
 from benchmarks.gpu_check.stages import BY_NAME, STAGES
 from diff_transformer.model.attention import PAPER_VARIANTS
@@ -88,24 +88,21 @@ def main() -> None:
     unknown = [v for v in values if v not in known]
     if unknown or (name in ("--masks", "--dtypes") and not values):
       p.error(f"{name} must name values among {','.join(known)}; got {','.join(values)!r}")
-  OPTIONS.update(variants=split(args.variants) or PAPER_VARIANTS, paths=split(args.paths),
-                 masks=split(args.masks), document_variants=split(args.document_variants),
-                 dtypes=split(args.dtypes))
-  OPTIONS.update(lengths=list(args.lengths) or None,
-                 labels=tuple(args.labels.split(",")), tag=args.tag,
-                 cases=tuple(c for c in args.cases.split(",") if c), size=args.size,
-                 train_layers=args.train_layers, remat=args.remat,
-                 train_tokens=args.train_tokens, states=args.states,
-                 rounds=args.rounds,
-                 command_buffers=command_buffers,
-                 batches=args.batches or None)
+  options = Options(
+      variants=split(args.variants) or PAPER_VARIANTS, paths=split(args.paths),
+      masks=split(args.masks), document_variants=split(args.document_variants),
+      dtypes=split(args.dtypes), lengths=tuple(args.lengths), labels=split(args.labels),
+      tag=args.tag, cases=split(args.cases), size=args.size, train_layers=args.train_layers,
+      remat=args.remat, train_tokens=args.train_tokens, states=args.states, rounds=args.rounds,
+      command_buffers=command_buffers, batches=tuple(args.batches))
   out = Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
   for stage in ([s for s in STAGES if s.in_all] if args.stage == "all" else [BY_NAME[args.stage]]):
     start = time.time()
     print(f"== {stage.name}", flush=True)
     module = importlib.import_module(f"benchmarks.gpu_check.{stage.module}")
-    getattr(module, f"stage_{stage.name}")(out, args.cpu, args.seconds)
+    getattr(module, f"stage_{stage.name}")(StageRun(stage.name, out, args.cpu, args.seconds,
+                                                    options))
     print(f"== {stage.name} done in {time.time() - start:.1f} s", flush=True)
 
 

@@ -1,7 +1,9 @@
-"""What the GPU check's stages share: the command line's options, one stage's JSON record, time
-caps, compiling many programs at once, interleaved timing, the model configs they build."""
+"""What the GPU check's stages share: the command line's options, one stage's run and its JSON
+record, time caps, compiling many programs at once, interleaved timing, the model configs they
+build."""
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import importlib.metadata
 import json
@@ -19,40 +21,68 @@ import numpy as np
 from bench_common import paper_config, small_config
 from diff_transformer.errors import first_line
 from diff_transformer.kernels import auto, cudnn
+from diff_transformer.model.attention import PAPER_VARIANTS
 from diff_transformer.paths import write_atomic
 
 PACKAGES = ("jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda13-pjrt", "flax", "optax",
             "orbax-checkpoint", "chex", "grain", "ml-collections", "numpy", "triton",
             "tensorboardX")
 
-# Set by main from the command line: lengths (override a stage's GPU lengths), labels (the train
-# stage's groups: auto, other), tag (appended to the output file's name, for a partial rerun),
-# cases (the correctness groups to run), size / train_layers / remat / train_tokens (the
-# preset the model stages build), states and rounds (train: all | one | auto, as
-# train.one_state_at_a_time says; its timed rounds on a GPU),
-# command_buffers and batches (decode: the step's compile settings, the batch sizes replacing
-# the stage's on a GPU), variants and paths (what the correctness, kernels and train stages
-# run; empty paths: all), masks and document_variants (train: causal rows and/or
-# document-masked rows, the latter for these variants).
-OPTIONS: dict = dict(lengths=None, labels=("auto", "other"), tag="", cases=(), size="830m",
-                     train_layers=12, remat="none", train_tokens=16384, states="auto", rounds=5,
-                     command_buffers=("default",), batches=None,
-                     variants=("transformer", "diff", "shared_diff", "diff_v2"), paths=(),
-                     masks=("causal",), document_variants=("diff", "transformer"),
-                     dtypes=("bfloat16", "float32"))
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+  """The command line's choices (__main__.py): lengths (replace a stage's GPU lengths), labels
+  (the train stage's groups: auto, other), tag (appended to the output files' names, for a
+  partial rerun), cases (the correctness groups to run), size / train_layers / remat /
+  train_tokens (the preset the model stages build), states and rounds (train: all | one | auto,
+  as train.one_state_at_a_time says; its timed rounds on a GPU), command_buffers and batches
+  (decode: the step's compile settings, the batch sizes replacing the stage's on a GPU),
+  variants and paths (what the correctness, kernels and train stages run; empty paths: all),
+  masks and document_variants (train: causal rows and/or document-masked rows, the latter for
+  these variants), dtypes (correctness on a GPU)."""
+  lengths: tuple[int, ...] = ()
+  labels: tuple[str, ...] = ("auto", "other")
+  tag: str = ""
+  cases: tuple[str, ...] = ()
+  size: str = "830m"
+  train_layers: int = 12
+  remat: str = "none"
+  train_tokens: int = 16384
+  states: str = "auto"
+  rounds: int = 5
+  command_buffers: tuple[str, ...] = ("default",)
+  batches: tuple[int, ...] = ()
+  variants: tuple[str, ...] = PAPER_VARIANTS
+  paths: tuple[str, ...] = ()
+  masks: tuple[str, ...] = ("causal",)
+  document_variants: tuple[str, ...] = ("diff", "transformer")
+  dtypes: tuple[str, ...] = ("bfloat16", "float32")
+
+  def lengths_or(self, default: tuple[int, ...]) -> tuple[int, ...]:
+    return self.lengths or default
+
+  def chosen_paths(self, paths: dict) -> dict:
+    """The stage's paths that `paths` names (all where it names none)."""
+    return {k: v for k, v in paths.items() if not self.paths or k in self.paths}
 
 
-def lengths_or(default: tuple[int, ...]) -> tuple[int, ...]:
-  return tuple(OPTIONS["lengths"]) if OPTIONS["lengths"] else default
+@dataclasses.dataclass(frozen=True)
+class StageRun:
+  """One stage's run: its name (stages.py), where it writes, CPU mode, its time cap, options."""
+  stage: str
+  out: Path
+  cpu: bool
+  seconds: float
+  options: Options = Options()
 
 
 class Record:
   """One stage's JSON, rewritten (atomically) after every cell."""
 
-  def __init__(self, out: Path, stage: str, **fields):
-    self.path = out / f"gpu_check_{stage}{OPTIONS['tag']}.json"
+  def __init__(self, run: StageRun, **fields):
+    self.path = run.out / f"gpu_check_{run.stage}{run.options.tag}.json"
     device = jax.devices()[0]
-    self.data = dict(stage=stage, device=f"{device.platform}:{device.device_kind}",
+    self.data = dict(stage=run.stage, device=f"{device.platform}:{device.device_kind}",
                      driver=nvidia_smi().get("driver_version") if device.platform == "gpu" else None,
                      versions=versions(), xla_flags=os.environ.get("XLA_FLAGS", ""),
                      host=platform.node(), started=time.time(), **fields, cells=[])
@@ -86,11 +116,6 @@ class Deadline:
 
   def left(self) -> float:
     return self.end - time.time()
-
-
-def chosen_paths(paths: dict) -> dict:
-  """The stage's paths that OPTIONS['paths'] names (all where it names none)."""
-  return {k: v for k, v in paths.items() if not OPTIONS["paths"] or k in OPTIONS["paths"]}
 
 
 def cudnn_refused(path: str, p) -> str:
@@ -133,10 +158,10 @@ def compile_all(lowered: dict, workers: int, options: dict | None = None) -> dic
     return dict(zip(lowered, pool.map(one, lowered)))
 
 
-def save_hlo(out: Path, name: str, compiled) -> str:
+def save_hlo(run: StageRun, name: str, compiled) -> str:
   """A compiled program's optimised HLO, gzipped beside the records (which fusions and copies
   XLA made: a profile's hlo_op names point into it); returns the file's name."""
-  path = out / f"gpu_check_{name}{OPTIONS['tag']}.txt.gz"
+  path = run.out / f"gpu_check_{name}{run.options.tag}.txt.gz"
   path.write_bytes(gzip.compress(compiled.as_text().encode()))
   return path.name
 
@@ -161,12 +186,13 @@ def nvidia_smi() -> dict:
   return dict(zip(query.split(","), (v.strip() for v in text.split("\n")[0].split(","))))
 
 
-def model_config(variant: str, cpu: bool, *, seq_len: int, batch: int, kernel: str):
-  """The model stages' config: the preset OPTIONS['size'] names, its depth cut to
-  OPTIONS['train_layers'] (0: full depth), remat as OPTIONS says; on CPU a small config."""
-  if cpu:
+def model_config(run: StageRun, variant: str, *, seq_len: int, batch: int, kernel: str):
+  """The model stages' config: the preset options.size names, its depth cut to
+  options.train_layers (0: full depth), options.remat; on CPU a small config."""
+  if run.cpu:
     return small_config(variant, seq_len=seq_len, batch=batch, kernel=kernel)
-  c = paper_config(variant, seq_len=seq_len, batch=batch, layers=OPTIONS["train_layers"],
-                   kernel=kernel, size=OPTIONS["size"])
-  c.model.remat = OPTIONS["remat"]
+  o = run.options
+  c = paper_config(variant, seq_len=seq_len, batch=batch, layers=o.train_layers,
+                   kernel=kernel, size=o.size)
+  c.model.remat = o.remat
   return c

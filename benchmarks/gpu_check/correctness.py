@@ -10,15 +10,14 @@ from __future__ import annotations
 import functools
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from bench_common import paper_config, small_config
-from benchmarks.gpu_check.common import (OPTIONS, Deadline, Record, chosen_paths, compile_all,
-                                         cudnn_refused, error_text, lengths_or, lower_or_error)
+from benchmarks.gpu_check.common import (Deadline, Record, StageRun, compile_all, cudnn_refused,
+                                         error_text, lower_or_error)
 from diff_transformer.kernels import cudnn, reference, xla
 from diff_transformer.kernels.pallas import attention as pallas_attention
 from diff_transformer.model.attention import spec_from_config
@@ -32,7 +31,7 @@ from diff_transformer.kernels.oracle import (ARG_NAMES, exact_cpu_attention, np_
 TOLERANCE = {"float32": 2e-3, "bfloat16": 2e-2}
 
 
-def paths(cpu: bool, configs: dict | None = None) -> dict:
+def paths(stage: StageRun, configs: dict | None = None) -> dict:
   """name -> kernel function of the contract (kernels/common.py). 'cudnn' is what the model
   runs (the exact layout where cudnn.exact_reason() allows it), 'cudnn_padded' the padded layout,
   'cudnn_two_calls' DIFF V1's maps as two calls sharing v, and 'cudnn_packed_as_is' packed rows
@@ -40,11 +39,11 @@ def paths(cpu: bool, configs: dict | None = None) -> dict:
   `cudnn.equal_widths` (whether jax and XLA offset each operand by its own stride: if it passes,
   the exact layout needs no equal-width packed call). On CPU Pallas is interpreted, 'cudnn'
   runs the padded layout through XLA and 'cudnn_exact_layout' the exact layout with an exact CPU
-  attention in cuDNN's place. OPTIONS['paths'] keeps some of them."""
+  attention in cuDNN's place. --paths keeps some of them."""
   out = {"reference": reference.attention, "xla": xla.attention}
   for name, kw in (configs or {"pallas": {}}).items():
     out[name] = functools.partial(pallas_attention, **kw)
-  if cpu:
+  if stage.cpu:
     out["cudnn"] = functools.partial(cudnn.attention, implementation="xla")
     out["cudnn_exact_layout"] = functools.partial(
         cudnn.attention, core=cudnn.equal_widths(exact_cpu_attention), implementation="xla")
@@ -54,7 +53,7 @@ def paths(cpu: bool, configs: dict | None = None) -> dict:
       out["cudnn_padded"] = functools.partial(cudnn.attention, padded=True)
       out["cudnn_two_calls"] = functools.partial(cudnn.attention, separate_calls=True)
       out["cudnn_packed_as_is"] = functools.partial(cudnn.attention, core=cudnn.cudnn_exact)
-  return chosen_paths(out)
+  return stage.options.chosen_paths(out)
 
 
 def fwd_bwd(kernel, names):
@@ -134,14 +133,15 @@ def correctness_spec(variant: str, layout: str, dtype: str, cpu: bool) -> ModelS
   return spec_from_config(c.model)
 
 
-def _cases(cpu: bool, lengths: tuple[int, ...]) -> list[tuple[str, int, bool]]:
+def _cases(stage: StageRun, lengths: tuple[int, ...]) -> list[tuple[str, int, bool]]:
   """(layout, T, packed) groups: small heads at every length, the paper presets' own head
-  widths at the longest, unpacked and packed; or OPTIONS['cases'], e.g.
+  widths at the longest, unpacked and packed; or --cases, e.g.
   "gqa:256,packed:256,mha:2048,3b:2048:packed" (on CPU, a rehearsal, at the CPU length)."""
-  if OPTIONS["cases"]:
+  cpu = stage.cpu
+  if stage.options.cases:
     return [("gqa" if c[0] == "packed" else c[0], lengths[0] if cpu else int(c[1]),
              c[0] == "packed" or c[2:] == ["packed"])
-            for c in (case.split(":") for case in OPTIONS["cases"])]
+            for c in (case.split(":") for case in stage.options.cases)]
   cases = [(layout, T, False) for T in lengths for layout in ("mha", "gqa")]
   cases.insert(2, ("gqa", lengths[0], True))
   if not cpu:
@@ -149,16 +149,17 @@ def _cases(cpu: bool, lengths: tuple[int, ...]) -> list[tuple[str, int, bool]]:
   return cases
 
 
-def stage_correctness(out: Path, cpu: bool, seconds: float) -> None:
+def stage_correctness(stage: StageRun) -> None:
   """One group (variant, layout, length, packing) at a time: its programs (every path, both
   dtypes) compiled together, run, compared with the group's oracle and written; shorter
   lengths first, so a stage cut short has every variant at the short length."""
+  cpu, seconds, opts = stage.cpu, stage.seconds, stage.options
   deadline = Deadline(seconds - 10)
-  lengths, dtypes, batch = ((32,), ("float32",), 2) if cpu else (lengths_or((256, 2048)),
-                                                                   OPTIONS["dtypes"], 2)
-  cases = _cases(cpu, lengths)
-  kernels = paths(cpu)
-  rec = Record(out, "correctness", tolerance=TOLERANCE, batch=batch, lengths=lengths,
+  lengths, dtypes, batch = ((32,), ("float32",), 2) if cpu else (opts.lengths_or((256, 2048)),
+                                                                   opts.dtypes, 2)
+  cases = _cases(stage, lengths)
+  kernels = paths(stage)
+  rec = Record(stage, tolerance=TOLERANCE, batch=batch, lengths=lengths,
                dtypes=dtypes, paths=list(kernels),
                inputs="fresh N(0,1) draws rounded to bfloat16-exact values; lambda U(0.2,0.8) "
                       "(scalar) or sigmoid(N(0,1)) per token; packed rows: random segments")
@@ -167,7 +168,7 @@ def stage_correctness(out: Path, cpu: bool, seconds: float) -> None:
   with ThreadPoolExecutor(4) as oracle_pool:
     groups = []
     for layout, T, packed in cases:
-      for variant in OPTIONS["variants"]:
+      for variant in opts.variants:
         p = kernel_inputs(correctness_spec(variant, layout, dtypes[0], cpu), T, batch)
         host = host_inputs(p, rng, packed)
         args, seg, do = host

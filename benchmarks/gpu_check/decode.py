@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -10,7 +9,7 @@ import numpy as np
 from flax import nnx
 
 from bench_common import spread
-from benchmarks.gpu_check.common import (OPTIONS, Deadline, Record, compile_all, error_text,
+from benchmarks.gpu_check.common import (Deadline, Record, StageRun, compile_all, error_text,
                                          model_config, save_hlo)
 from diff_transformer.model import build_model
 from diff_transformer.model import cache as kv_cache
@@ -30,22 +29,23 @@ COMMAND_BUFFERS = {
               "DYNAMIC_SLICE_FUSION,WHILE,CONDITIONAL", "xla_gpu_graph_min_graph_size": 1},
 }
 
-def stage_decode(out: Path, cpu: bool, seconds: float) -> None:
+def stage_decode(stage: StageRun) -> None:
   """Prefill (model.prefill) then greedy decoding (model.decode), one jitted call per
   token with the cache donated (updated in place); tokens/s = batch x new tokens / seconds. The
   per-token step is compiled once per `--command_buffers` setting, and the settings are
   interleaved with the variants in every round."""
-  deadline = Deadline(seconds - 10)
-  prompt, new, batches = (32, 8, (4,)) if cpu else (2048, 256, OPTIONS["batches"] or (1, 32))
-  settings = OPTIONS["command_buffers"]
+  deadline = Deadline(stage.seconds - 10)
+  opts = stage.options
+  prompt, new, batches = (32, 8, (4,)) if stage.cpu else (2048, 256, opts.batches or (1, 32))
+  settings = opts.command_buffers
   rounds = 2
-  rec = Record(out, "decode", prompt_len=prompt, new_tokens=new, batches=batches, rounds=rounds,
-               layers=OPTIONS["train_layers"],
+  rec = Record(stage, prompt_len=prompt, new_tokens=new, batches=batches, rounds=rounds,
+               layers=opts.train_layers,
                command_buffers={s: COMMAND_BUFFERS[s] for s in settings},
                note="the prefill (model.prefill) makes the cache and runs the prompt causally "
                "through the model's kernel (kernel=auto); the per-token steps read the whole "
                "cache through the 'xla' path (an explicit mask over the cache)")
-  models, lowered = _lowered(cpu, prompt, new, batches)
+  models, lowered = _lowered(stage, prompt, new, batches)
   programs = {(v, b, "prefill", ""): low for (v, b, name), low in lowered.items()
               if name == "prefill"}
   programs.update({(v, b, "step", s): low for (v, b, name), low in lowered.items()
@@ -54,7 +54,7 @@ def stage_decode(out: Path, cpu: bool, seconds: float) -> None:
   compiled = compile_all(programs, 16, options={k: COMMAND_BUFFERS[k[3]] for k in programs
                                                 if k[3]})
   rec.set(compile_s=round(time.time() - start, 1), programs=len(programs),
-          hlo={f"{v}_batch{b}": save_hlo(out, f"decode_hlo_{v}_batch{b}", c)
+          hlo={f"{v}_batch{b}": save_hlo(stage, f"decode_hlo_{v}_batch{b}", c)
                for (v, b, name, setting), c in compiled.items()
                if name == "step" and setting == settings[0] and not isinstance(c, BaseException)})
   print(f"decode: {len(programs)} programs compiled in {time.time() - start:.1f} s", flush=True)
@@ -123,11 +123,12 @@ def _cells(times: dict, failed: dict, batch: int, prompt: int, new: int) -> list
   return cells
 
 
-def _lowered(cpu: bool, prompt: int, new: int, batches: tuple[int, ...]) -> tuple[dict, dict]:
+def _lowered(stage: StageRun, prompt: int, new: int, batches: tuple[int, ...]
+             ) -> tuple[dict, dict]:
   """({variant: spec and graphdef}, {(variant, batch, prefill|step): lowered program})."""
   models, lowered = {}, {}
   for variant in PAPER_VARIANTS:
-    config = model_config(variant, cpu, seq_len=prompt + new, batch=1, kernel="auto")
+    config = model_config(stage, variant, seq_len=prompt + new, batch=1, kernel="auto")
     spec = spec_from_config(config.model)
     graphdef = nnx.split(abstract_model(spec))[0]
     models[variant] = dict(spec=spec, graphdef=graphdef)

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 
 import diff_transformer
 from benchmarks.gpu_check import ROOT
-from benchmarks.gpu_check.common import Record, error_text, nvidia_smi
+from benchmarks.gpu_check.common import Record, StageRun, error_text, nvidia_smi
 from diff_transformer.kernels import cudnn
 from diff_transformer.training.peak import calibrate_tflops
 
@@ -55,9 +55,9 @@ def copy_bandwidth(gib: float = 2.0) -> float:
   return 2 * x.nbytes / best / 1e9
 
 
-def stage_env(out: Path, cpu: bool, seconds: float) -> None:
-  del seconds
-  rec = Record(out, "env", cpu_mode=cpu, devices=[str(d) for d in jax.devices()],
+def stage_env(stage: StageRun) -> None:
+  cpu = stage.cpu
+  rec = Record(stage, cpu_mode=cpu, devices=[str(d) for d in jax.devices()],
                nvidia_smi={} if cpu else nvidia_smi(), cudnn=cudnn_info())
   try:
     info = jax.print_environment_info(return_string=True)
@@ -89,11 +89,11 @@ def import_all() -> dict:
   return dict(modules=count, failed=failed, hf_extra_missing=no_extra)
 
 
-def stage_tests(out: Path, cpu: bool, seconds: float) -> None:
+def stage_tests(stage: StageRun) -> None:
   """The subset under pytest -n 8 on this stack (CPU). Output goes to a file as it comes, so a
   run stopped by the cap still records which tests failed so far (-rfE lists them at the end)."""
-  rec = Record(out, "tests", subset=list(TEST_SUBSET))
-  if cpu:
+  rec = Record(stage, subset=list(TEST_SUBSET))
+  if stage.cpu:
     rec.set(skipped="CPU mode: the suite itself is what runs on CPU")
     return
   workers = str(min(8, os.cpu_count() or 1))
@@ -105,7 +105,7 @@ def stage_tests(out: Path, cpu: bool, seconds: float) -> None:
   with open(log, "w") as f:
     try:
       proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT,
-                            timeout=max(10.0, seconds - 5))
+                            timeout=max(10.0, stage.seconds - 5))
       status = dict(returncode=proc.returncode)
     except subprocess.TimeoutExpired:
       status = dict(returncode=None, timed_out=True)

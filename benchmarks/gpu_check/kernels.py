@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import functools
 import time
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from bench_common import interleaved_times, paper_config, small_config, spread, temp_bytes
-from benchmarks.gpu_check.common import (OPTIONS, Deadline, Record, compile_all, cudnn_refused,
-                                         error_text, lengths_or, lower_or_error)
+from benchmarks.gpu_check.common import (Deadline, Record, StageRun, compile_all, cudnn_refused,
+                                         error_text, lower_or_error)
 from benchmarks.gpu_check.correctness import fwd_bwd, out_struct, paths, signature
 from diff_transformer.kernels import executed_flops
 from diff_transformer.model.attention import PAPER_VARIANTS, spec_from_config, variant_class
@@ -24,21 +23,22 @@ from diff_transformer.kernels.oracle import ARG_NAMES
 PALLAS_CONFIGS = {"pallas": {}, "pallas_w4": dict(num_warps=4), "pallas_w8": dict(num_warps=8)}
 
 
-def stage_kernels(out: Path, cpu: bool, seconds: float) -> None:
+def stage_kernels(stage: StageRun) -> None:
   """fwd+bwd time of each path at the 830M head shapes, interleaved per length, with the
   compiled temp memory (linear in T for the fused paths, quadratic for 'xla'). Each call gets
   segment ids as the train step does on text (rows of packed documents, about 3 per row)."""
+  cpu, seconds, opts = stage.cpu, stage.seconds, stage.options
   deadline = Deadline(seconds - 10)
-  tokens, lengths = (128, (64,)) if cpu else (16384, lengths_or((2048, 4096, 8192)))
+  tokens, lengths = (128, (64,)) if cpu else (16384, opts.lengths_or((2048, 4096, 8192)))
   rounds, inner = (2, 1) if cpu else (7, 3)
-  kernels = paths(cpu, None if cpu else PALLAS_CONFIGS)
+  kernels = paths(stage, None if cpu else PALLAS_CONFIGS)
   kernels.pop("reference", None)
   kernels.pop("cudnn_packed_as_is", None)  # timed only once the correctness stage passes it
-  rec = Record(out, "kernels", tokens_per_call=tokens, lengths=lengths, rounds=rounds,
+  rec = Record(stage, tokens_per_call=tokens, lengths=lengths, rounds=rounds,
                inner=inner, paths=list(kernels), dtype="bfloat16",
-               shapes_from=f"configs/scaling.py <variant>-{OPTIONS['size']}" if not cpu
+               shapes_from=f"configs/scaling.py <variant>-{opts.size}" if not cpu
                else "small_config")
-  cells, lowered = _cells(kernels, tokens, lengths, cpu)
+  cells, lowered = _cells(stage, kernels, tokens, lengths)
   compiled, compile_s = {}, {}
   for T in lengths:  # compiled length by length, so a stage cut short keeps the short lengths
     at_T = [c for c in cells if c["T"] == T]
@@ -94,19 +94,20 @@ def stage_kernels(out: Path, cpu: bool, seconds: float) -> None:
     rec.set(summary=kernel_summary(rec.data["cells"]))
 
 
-def _cells(kernels: dict, tokens: int, lengths: tuple[int, ...], cpu: bool) -> tuple[list, dict]:
+def _cells(stage: StageRun, kernels: dict, tokens: int, lengths: tuple[int, ...]
+           ) -> tuple[list, dict]:
   """(one cell per variant, length and path, {key: lowered program}): every call lowered with
   the train step's arguments (a segment-id struct included)."""
   cells, lowered = [], {}
   for T in lengths:
     batch = max(1, tokens // T)
-    for variant in OPTIONS["variants"]:
-      if cpu:
+    for variant in stage.options.variants:
+      if stage.cpu:
         spec = spec_from_config(small_config(variant, seq_len=T, batch=batch,
                                                   dtype="bfloat16").model)
       else:
         spec = spec_from_config(paper_config(variant, seq_len=T, batch=batch, layers=1,
-                                                  size=OPTIONS["size"]).model)
+                                                  size=stage.options.size).model)
       p = kernel_inputs(spec, T, batch)
       names = [n for n in ARG_NAMES if getattr(p, n) is not None]
       structs = [getattr(p, n) for n in names]

@@ -12,7 +12,7 @@ from pathlib import Path
 import jax
 
 from bench_common import synthetic_batch
-from benchmarks.gpu_check.common import (OPTIONS, Deadline, Record, compile_all, error_text, lengths_or,
+from benchmarks.gpu_check.common import (Deadline, Record, StageRun, compile_all, error_text,
                                          model_config, save_hlo)
 from diff_transformer.mesh import global_batch, make_mesh
 from diff_transformer.model.attention import PAPER_VARIANTS
@@ -27,17 +27,17 @@ KERNEL_CLASSES = (("attention", re.compile(r"diff_attention|sdpa|fmha|flash|atte
                   ("memory", re.compile(r"memcpy|memset|copy|transpose", re.I)))
 
 
-def stage_profile(out: Path, cpu: bool, seconds: float) -> None:
+def stage_profile(stage: StageRun) -> None:
   """Where a train step's time goes: a jax.profiler trace of a few steps per variant (kernel=auto,
   the train stage's first length), its device kernels summed by name and by class."""
-  deadline = Deadline(seconds - 10)
-  tokens, T = (64, 32) if cpu else (16384, lengths_or((2048,))[0])
+  deadline = Deadline(stage.seconds - 10)
+  tokens, T = (64, 32) if stage.cpu else (16384, stage.options.lengths_or((2048,))[0])
   batch, steps = max(1, tokens // T), 3
-  rec = Record(out, "profile", T=T, batch=batch, layers=OPTIONS["train_layers"], steps=steps,
+  rec = Record(stage, T=T, batch=batch, layers=stage.options.train_layers, steps=steps,
                classes={name: rx.pattern for name, rx in KERNEL_CLASSES} | {"other": "the rest"})
   runs, lowered = {}, {}
   for variant in PAPER_VARIANTS:
-    config = model_config(variant, cpu, seq_len=T, batch=batch, kernel="auto")
+    config = model_config(stage, variant, seq_len=T, batch=batch, kernel="auto")
     trainer = Trainer(config, make_mesh(config.mesh))
     data = global_batch(trainer.mesh, synthetic_batch(batch, T, config.model.vocab_size))
     runs[variant] = dict(trainer=trainer, data=data,
@@ -46,7 +46,7 @@ def stage_profile(out: Path, cpu: bool, seconds: float) -> None:
   start = time.time()
   compiled = compile_all(lowered, 16)
   rec.set(compile_s=round(time.time() - start, 1),
-          hlo={v: save_hlo(out, f"profile_hlo_{v}", c) for v, c in compiled.items()
+          hlo={v: save_hlo(stage, f"profile_hlo_{v}", c) for v, c in compiled.items()
                if not isinstance(c, BaseException)})
   for variant, r in runs.items():
     if deadline.left() < 0:

@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 class Stage(NamedTuple):
   name: str
-  module: str  # benchmarks/gpu_check/<module>.py holds stage_<name>(out, cpu, seconds)
+  module: str  # benchmarks/gpu_check/<module>.py holds stage_<name>(StageRun)
   gpu_cap: int
   cpu_cap: int
   in_all: bool  # part of the whole check (gpu_check.sh without --job); else only when named

@@ -22,8 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from bench_common import Stepper, interleaved_times, spread, synthetic_batch
-from benchmarks.gpu_check.common import (OPTIONS, Deadline, Record, compile_all, error_text,
-                                         lengths_or, model_config)
+from benchmarks.gpu_check.common import (Deadline, Record, StageRun, compile_all, error_text,
+                                         model_config)
 from diff_transformer.mesh import global_batch, make_mesh
 from diff_transformer.model.attention import spec_from_config
 from diff_transformer.params import count
@@ -40,23 +40,24 @@ def _copy(tree):
   return jax.tree.map(jnp.copy, tree)
 
 
-def stage_train(out: Path, cpu: bool, seconds: float, timing: bool = True) -> None:
+def stage_train(stage: StageRun, timing: bool = True) -> None:
   """timing=False: only the orbax check (DIFF V1, kernel=auto, the first length)."""
-  deadline = Deadline(seconds - 10)
-  tokens, lengths = (64, (32,)) if cpu else (OPTIONS["train_tokens"], lengths_or((2048, 4096)))
-  rounds, steps = (2, 1) if cpu else (OPTIONS["rounds"], 3)
+  cpu, opts = stage.cpu, stage.options
+  deadline = Deadline(stage.seconds - 10)
+  tokens, lengths = (64, (32,)) if cpu else (opts.train_tokens, opts.lengths_or((2048, 4096)))
+  rounds, steps = (2, 1) if cpu else (opts.rounds, 3)
   peak, peak_source = peak_tflops_per_device(0.0, "bfloat16")
-  layers = OPTIONS["train_layers"]
-  rec = Record(out, "train" if timing else "train_orbax", layers=layers, tokens_per_step=tokens,
-               lengths=lengths, rounds=rounds, steps_per_round=steps, peak_tflops=peak, peak_source=peak_source,
-               preset="small_config" if cpu else f"configs/scaling.py <variant>-{OPTIONS['size']}, "
-               f"num_layers {layers or 'full depth'}, bfloat16, remat {OPTIONS['remat']}")
-  masks = OPTIONS["masks"] if timing else ("causal",)
-  runs, lowered = _runs(cpu, timing, tokens, lengths, masks)
+  layers = opts.train_layers
+  rec = Record(stage, layers=layers, tokens_per_step=tokens, lengths=lengths, rounds=rounds,
+               steps_per_round=steps, peak_tflops=peak, peak_source=peak_source,
+               preset="small_config" if cpu else f"configs/scaling.py <variant>-{opts.size}, "
+               f"num_layers {layers or 'full depth'}, bfloat16, remat {opts.remat}")
+  masks = opts.masks if timing else ("causal",)
+  runs, lowered = _runs(stage, timing, tokens, lengths, masks)
   start = time.time()
   compiled = compile_all(lowered, 16)
   rec.set(compile_s=round(time.time() - start, 1), programs=len(lowered))
-  one_state, state_gib = one_state_at_a_time(runs)
+  one_state, state_gib = one_state_at_a_time(runs, opts.states)
   rec.set(states="one at a time" if one_state else "all resident", state_gib=state_gib)
   states = {}
   for T, label, mask in ((T, label, mask) for T in lengths for label in ("auto", "other")
@@ -96,30 +97,31 @@ def stage_train(out: Path, cpu: bool, seconds: float, timing: bool = True) -> No
     rec.set(orbax=_orbax_check(run["trainer"], compiled[diff_run], states["diff"], run["data"]))
 
 
-def _runs(cpu: bool, timing: bool, tokens: int, lengths: tuple[int, ...],
+def _runs(stage: StageRun, timing: bool, tokens: int, lengths: tuple[int, ...],
           masks: tuple[str, ...]) -> tuple[list[dict], dict]:
   """(one run per length, label, mask and variant, {index: its lowered step or the exception})."""
   # CPU mode checks this stage's code, not speeds, so the other kernel runs for DIFF V1 alone
   # (every variant's Pallas train step is checked against XLA's in tests/test_pallas_model.py).
-  other_variants = ("diff",) if cpu else OPTIONS["variants"]
+  opts = stage.options
+  other_variants = ("diff",) if stage.cpu else opts.variants
   runs, lowered = [], {}
   for T, label, mask in ((T, label, mask) for T in lengths
-                         for label in (OPTIONS["labels"] if timing else ("auto",))
+                         for label in (opts.labels if timing else ("auto",))
                          for mask in masks):
     batch = max(1, tokens // T)
-    variants = OPTIONS["variants"] if label == "auto" else other_variants
+    variants = opts.variants if label == "auto" else other_variants
     if mask == "document":
-      variants = [v for v in variants if v in OPTIONS["document_variants"]]
+      variants = [v for v in variants if v in opts.document_variants]
     for variant in variants:
       if not timing and (variant, label, T) != ("diff", "auto", lengths[0]):
         continue
-      auto = model_config(variant, cpu, seq_len=T, batch=batch, kernel="auto")
+      auto = model_config(stage, variant, seq_len=T, batch=batch, kernel="auto")
       chosen = executed_flops_per_token(spec_from_config(auto.model), T)[1]
       kernel = "auto" if label == "auto" else next(k for k in FUSED if k != chosen)
       run = dict(variant=variant, T=T, batch=batch, label=label, mask=mask, kernel=kernel,
                  runs=chosen if kernel == "auto" else kernel)
       try:
-        config = model_config(variant, cpu, seq_len=T, batch=batch, kernel=kernel)
+        config = model_config(stage, variant, seq_len=T, batch=batch, kernel=kernel)
         config.data.document_mask = mask == "document"
         trainer = Trainer(config, make_mesh(config.mesh))
         # Document-masked rows pack about 3 documents a row, as the kernels stage's calls.
@@ -137,22 +139,22 @@ def _runs(cpu: bool, timing: bool, tokens: int, lengths: tuple[int, ...],
   return runs, lowered
 
 
-def stage_train_orbax(out: Path, cpu: bool, seconds: float) -> None:
+def stage_train_orbax(stage: StageRun) -> None:
   """The orbax check alone (DIFF V1, kernel=auto, the first length)."""
-  stage_train(out, cpu, seconds, timing=False)
+  stage_train(stage, timing=False)
 
 
-def one_state_at_a_time(runs: list[dict]) -> tuple[bool, dict]:
+def one_state_at_a_time(runs: list[dict], states: str) -> tuple[bool, dict]:
   """(whether the variants' train states are made one at a time, each variant's state in GiB).
-  OPTIONS['states']: 'all' keeps every variant's state on the device through the rounds, 'one'
+  `states` (--states): 'all' keeps every variant's state on the device through the rounds, 'one'
   makes a fresh state before each variant's turn and drops it after, 'auto' takes 'one' where
   the states would fill more than half the device's memory (the 3B presets' AdamW states)."""
   gib = {r["variant"]: sum(x.size * x.dtype.itemsize
                            for x in jax.tree.leaves(r["trainer"].abstract_state)) / 2 ** 30
          for r in runs if "trainer" in r}
   gib = {v: round(g, 4) for v, g in gib.items()}
-  if OPTIONS["states"] != "auto":
-    return OPTIONS["states"] == "one", gib
+  if states != "auto":
+    return states == "one", gib
   limit = (jax.devices()[0].memory_stats() or {}).get("bytes_limit")
   return bool(limit) and sum(gib.values()) * 2 ** 30 > 0.5 * limit, gib
 

@@ -6,6 +6,8 @@ kernels it checks: the tests and the GPU check both read it here.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import jax.numpy as jnp
 import numpy as np
 
@@ -23,8 +25,9 @@ def np_mask(T: int, causal: bool, seg: np.ndarray | None, batch: int) -> np.ndar
 
 def np_attention(args: dict, do: np.ndarray, *, causal: bool, seg=None):
   """Returns (out, grads) in float64; grads has one entry per non-None input."""
-  q1, k1, v, q2, k2, lam = (None if args[n] is None else np.asarray(args[n], np.float64)
-                            for n in ARG_NAMES)
+  arrays: list[Any] = [None if args[n] is None else np.asarray(args[n], np.float64)
+                       for n in ARG_NAMES]  # absent ones None: the branches below say which
+  q1, k1, v, q2, k2, lam = arrays
   batch, T, N, d = q1.shape
   group = N // k1.shape[2]
   scale = 1.0 / np.sqrt(d)
@@ -34,7 +37,8 @@ def np_attention(args: dict, do: np.ndarray, *, causal: bool, seg=None):
   unheads = lambda x: x.transpose(0, 2, 1, 3)
   kv_sum = lambda x: unheads(x).reshape(batch, T, -1, group, x.shape[-1]).sum(3)
   v_N, do_N = kv(v), heads(do)
-  lam_N = None if q2 is None else np.broadcast_to(lam, (batch, T, N)).transpose(0, 2, 1)[..., None]
+  lam_N: Any = (None if q2 is None else
+               np.broadcast_to(lam, (batch, T, N)).transpose(0, 2, 1)[..., None])
 
   def softmax_map(q, k):
     s = np.where(mask, scale * heads(q) @ kv(k).transpose(0, 1, 3, 2), -np.inf)
@@ -86,7 +90,8 @@ def make_inputs(variant: str, *, B=1, T=40, N=4, K=2, d=8, seed=0, seg=False, dt
   args = dict(q1=normal(B, T, N, d), k1=normal(B, T, K, d), v=normal(B, T, K, dim_v),
               q2=None, k2=None, lam=None)
   if variant == "v1":
-    args.update(q2=normal(B, T, N, d), k2=normal(B, T, K, d), lam=jnp.float32(rng.uniform(0.2, 0.8)))
+    args.update(q2=normal(B, T, N, d), k2=normal(B, T, K, d),
+                lam=jnp.float32(rng.uniform(0.2, 0.8)))
   elif variant == "v2":
     args.update(q2=normal(B, T, N, d), lam=jnp.asarray(rng.uniform(0, 1, (B, T, N)), jnp.float32))
   seg_ids = None

@@ -65,7 +65,8 @@ def task_record(ev: dict, points: list[tuple[int, float]], level: float) -> dict
               still_rising=still_rising(points, ceiling=1.0, level=level), curve=points)
 
 
-def text_record(ev: dict, rows: list[dict], tokens_per_step: int, unigram: float) -> dict:
+def text_record(ev: dict, rows: list[dict], tokens_per_step: int, unigram: float | None
+                ) -> dict:
   """A text run's metrics from its loss result and its validation-loss curve (in tokens)."""
   points = curve(rows, "val_loss")
   out = dict(loss.summary(ev["loss"]), unigram_entropy=unigram,
