@@ -456,7 +456,7 @@ def test_the_width_study_is_parameter_matched_at_every_width_with_v1s_heads_by_s
   from diff_transformer.model.attention import spec_from_config
   study = cli.load_definition(str(ROOT / "configs/studies/lm_width.py"), "study",
                               "STUDY").validate()
-  assert study.design()["primary"]["comparisons"] == 3 and study.primary == "loss@512-128"
+  assert study.design()["primary"]["comparisons"] == 4 and study.primary == "loss@512-128"
   assert study.design()["primary"]["can_resolve"] and study.grid_by_primary
   for size in study.sizes:
     configs = {v: study.get_config(f"{study.cell_name(v, size)}-s0") for v in study.variants}
@@ -466,6 +466,7 @@ def test_the_width_study_is_parameter_matched_at_every_width_with_v1s_heads_by_s
     v1 = configs["transformer@v1heads"].model
     assert (v1.num_heads, v1.head_dim) == (configs["diff"].model.num_heads, 64)
     assert configs["transformer"].model.d_model == int(size)
+    assert configs["diff@scale0.2"].model.norm_out_scale == "0.2"
 
 
 def test_the_pre_named_two_by_two_gives_main_effects_and_interaction_seed_by_seed():
