@@ -108,6 +108,8 @@ def load_definition(path: str, flag: str, name: str, error: type[UserError] = Co
   fails to run is one `error` naming the file (and line)."""
   path = resolve_config_path(path, flag)
   spec = importlib.util.spec_from_file_location(f"{flag}_definition", path)
+  if spec is None or spec.loader is None:
+    raise error(f"--{flag}: {path} cannot be loaded as a Python file")
   module = importlib.util.module_from_spec(spec)
   try:
     spec.loader.exec_module(module)

@@ -7,6 +7,7 @@ tiktoken's registry of OpenAI encodings by name (cl100k_base, o200k_base, r50k_b
 from __future__ import annotations
 
 import base64
+import binascii
 import hashlib
 from pathlib import Path
 
@@ -24,7 +25,7 @@ def read_ranks(path: Path) -> dict[bytes, int]:
       if line.strip():
         token, rank = line.split()
         ranks[base64.b64decode(token, validate=True)] = int(rank)
-  except (ValueError, base64.binascii.Error):
+  except (ValueError, binascii.Error):
     raise DataError(f"{path}: line {n} is not '<base64 token> <rank>'; not a .tiktoken file"
                     ) from None
   return ranks

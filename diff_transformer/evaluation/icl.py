@@ -143,7 +143,7 @@ def evaluate(fns, task: Task, pool: list[Example], tests: list[Example], permuta
             for o in ("random", "alternating")}
   n_max = min(task.fit(d, budget) for ds in orders.values() for d in ds)
   ns = schedule(n_max)
-  acc = {o: {n: [] for n in ns} for o in orders}
+  acc: dict[str, dict[int, list[float]]] = {o: {n: [] for n in ns} for o in orders}
   jobs = [(o, p, n) for o in orders for p in range(permutations) for n in ns]
   for o, p, n in tqdm(jobs, desc="icl", disable=not progress, leave=False):
     acc[o][n].append(accuracy(fns, task, orders[o][p][:n], tests, batch_size))

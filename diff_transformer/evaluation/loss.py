@@ -18,6 +18,7 @@ the next 40%, the rarest 10%).
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 from tqdm import tqdm
@@ -117,7 +118,7 @@ def evaluate(fns: common.Fns, batches, progress: bool = False, context: int = 1,
         base[key] += float((base_nll * mask).sum())
   if counts["all"] == 0:
     raise common.EvalError("loss: the validation batches hold no target tokens")
-  out = {}
+  out: dict[str, Any] = {}
   for key in keys:
     loss = sums[key] / counts[key] if counts[key] else float("nan")
     out[key] = dict(loss=loss, perplexity=math.exp(loss) if counts[key] else float("nan"),

@@ -14,6 +14,7 @@ import os
 import socket
 import time
 from pathlib import Path
+from typing import IO
 
 from diff_transformer.runs import folder as run_folder
 from diff_transformer.errors import TrainError
@@ -46,7 +47,7 @@ class WorkdirLock:
     self.workdir, self.name, self.flag, self.holder = Path(workdir), name, flag, holder
     self.program = program  # a driver's name, written into the lock: refusals name the holder
     self.path = self.workdir / name
-    self._file = None
+    self._file: IO[str] | None = None
 
   def acquire(self) -> str | None:
     """Takes the lock; returns a notice if a stale lock (a run that died) was taken over."""
@@ -72,8 +73,8 @@ class WorkdirLock:
     try:
       f.seek(0)
       f.truncate()
-      owner = dict(pid=os.getpid(), host=socket.gethostname(), started=time.time())
-      f.write(json.dumps(owner | ({"program": self.program} if self.program else {})))
+      me = dict(pid=os.getpid(), host=socket.gethostname(), started=time.time())
+      f.write(json.dumps(me | ({"program": self.program} if self.program else {})))
       f.flush()
     except OSError as e:
       f.close()

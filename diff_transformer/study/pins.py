@@ -35,5 +35,6 @@ def tuned_args(study: Study, point: str) -> tuple[str, ...]:
   variant = study.parse(point).variant
   if variant not in study.decided_tuned:
     return ()
-  chosen = study.derived_cell(study.derived_cell(variant).parent)
-  return tuple(f"--config.{k}={v}" for k, v in chosen.overrides)
+  cell = study.derived_cell(variant)
+  chosen = study.derived_cell(cell.parent) if cell is not None else None
+  return tuple(f"--config.{k}={v}" for k, v in chosen.overrides) if chosen is not None else ()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from typing import Any
 from pathlib import Path
 
 from diff_transformer.data import synthetic
@@ -58,7 +59,7 @@ def _by_seed(runs: list[dict], variant: str, contrasts: tuple[tuple[str, str], .
 def censoring(runs: list[dict], variant: str) -> dict:
   """reached_90 = "k/n" and the censored median of steps to 0.9 (task runs), and how many runs
   were still improving over their last 20% of steps (every run)."""
-  out = {}
+  out: dict[str, Any] = {}
   rising = [r["still_rising"] for r in runs if r["variant"] == variant and "still_rising" in r]
   if rising:
     out["still_rising"] = f"{sum(rising)}/{len(rising)}"
@@ -97,7 +98,7 @@ def compare(study: Study, runs: list[dict]) -> dict:
   primary family (one entry per pair) and within the pre-named secondary family; descriptive
   metrics carry no p."""
   ran = {r["variant"] for r in runs}
-  out = {}
+  out: dict[str, dict] = {}
   for a, b in study.pairs():
     if a not in ran or b not in ran:
       continue

@@ -15,7 +15,7 @@ treat it like any other cell.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from typing import Any, Callable
 
 from diff_transformer.study import grid as lr_grid
 from diff_transformer.study.definition import Study
@@ -42,7 +42,8 @@ def choose(study: Study, tuned: Tuned, grid: dict) -> dict:
       continue
     if d["chosen"] is not None:
       scores[value] = d["scores"][f"{d['chosen']:g}"]
-  out = dict(value=None, candidate=None, lr=None, complete=complete, extend=None, scores=scores)
+  out: dict[str, Any] = dict(value=None, candidate=None, lr=None, complete=complete, extend=None,
+                             scores=scores)
   if not complete or not scores:
     return out
   best = min(scores, key=lambda v: (scores[v], tuned.tried.index(v)))
