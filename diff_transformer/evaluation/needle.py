@@ -74,7 +74,7 @@ class Sample:
 def correct(generated: str, number: str) -> bool:
   """Exact: the text starts (after whitespace) with the number and no further digit."""
   m = _ANSWER.match(generated)
-  return bool(m) and m.group(1) == number
+  return m is not None and m.group(1) == number
 
 
 class Haystack:
@@ -141,16 +141,19 @@ def build_sample(haystack: Haystack, length: int, num_needles: int, num_queries:
   queried = [0] + [int(i) for i in rng.permutation(np.arange(1, num_needles))[:num_queries - 1]]
   hay = [t for l in lines for t in l]
   order = sorted(range(num_needles), key=lambda i: (slots[i], i))
-  context, needles, cursor = [], [None] * num_needles, 0
+  context: list[int] = []
+  placed: dict[int, Needle] = {}
+  cursor = 0
   for i in order:
     context += hay[cursor:slots[i]]
     cursor = slots[i]
-    needles[i] = Needle(cities[i], numbers[i], len(context), len(context) + len(needle_toks[i]),
+    placed[i] = Needle(cities[i], numbers[i], len(context), len(context) + len(needle_toks[i]),
                         i in queried, i == 0)
     context += needle_toks[i]
   context += hay[cursor:]
   queries = [(cities[i], numbers[i], context + query_sep + tok.encode(NEEDLE.format(city=cities[i])))
              for i in queried]
+  needles = [placed[i] for i in range(num_needles)]
   sample = Sample(context, needles, queries, depth, length, answer_tokens)
   verify(sample, tok, needle_toks)
   return sample
