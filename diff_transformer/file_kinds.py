@@ -136,10 +136,11 @@ def problem(value: Any, shape: Shape, where: str = "") -> str:
 
 
 def _field_problem(obj: dict, key: str, spec: Field, name: str) -> str:
-  if obj.get(key) is None:
-    return "" if spec.optional else f"missing key '{name}'" if key not in obj else (
-        f"key '{name}' is null")
-  return _value_problem(obj[key], spec, name)
+  if obj.get(key) is not None:
+    return _value_problem(obj[key], spec, name)
+  if spec.optional:
+    return ""
+  return f"missing key '{name}'" if key not in obj else f"key '{name}' is null"
 
 
 def _value_problem(value: Any, spec: Field, name: str) -> str:

@@ -103,7 +103,7 @@ def _damaged_versions(data: bytes, shape: file_kinds.Shape | None, kind: str):
     damaged = _whole_file_damage(data, how, shape)
     if damaged is not None:
       yield how, damaged, ""
-  if shape is None or shape.top is not dict and not shape.lines:
+  if shape is None or (shape.top is not dict and not shape.lines):
     return
   rows = [json.loads(l) for l in data.decode().splitlines()] if shape.lines else [json.loads(data)]
   row_shape = shape.each if shape.lines else shape

@@ -27,6 +27,9 @@ def positive_ints(text: str) -> tuple[int, ...]:
   return values
 
 
+DEFAULT = Options()  # the command line's defaults are the options' own
+
+
 def positive_int(text: str) -> int:
   values = positive_ints(text)
   if len(values) != 1:
@@ -41,35 +44,39 @@ def main() -> None:
   p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
   p.add_argument("--cpu", action="store_true", help="tiny shapes, Pallas interpreted")
   p.add_argument("--seconds", type=float, default=120.0, help="this stage's time cap")
-  p.add_argument("--train_layers", type=int, default=12, help="layer cut of the preset; 0: its "
-                 "full depth")
-  p.add_argument("--size", default="830m", help="the configs/scaling.py preset size the kernels, "
-                 "train, profile and decode stages use (e.g. 3b)")
-  p.add_argument("--remat", default="none", help="train and profile: model.remat")
-  p.add_argument("--train_tokens", type=int, default=16384, help="train: tokens per step")
-  p.add_argument("--rounds", type=positive_int, default=5, help="train: timed rounds (GPU)")
-  p.add_argument("--states", choices=("auto", "all", "one"), default="auto",
+  p.add_argument("--train_layers", type=int, default=DEFAULT.train_layers,
+                 help="layer cut of the preset; 0: its full depth")
+  p.add_argument("--size", default=DEFAULT.size, help="the configs/scaling.py preset size the "
+                 "kernels, train, profile and decode stages use (e.g. 3b)")
+  p.add_argument("--remat", default=DEFAULT.remat, help="train and profile: model.remat")
+  p.add_argument("--train_tokens", type=int, default=DEFAULT.train_tokens,
+                 help="train: tokens per step")
+  p.add_argument("--rounds", type=positive_int, default=DEFAULT.rounds,
+                 help="train: timed rounds (GPU)")
+  p.add_argument("--states", choices=("auto", "all", "one"), default=DEFAULT.states,
                  help="train: every variant's state on the device through the rounds, or one "
                  "at a time (auto: one where they would fill over half its memory)")
   p.add_argument("--lengths", type=positive_ints, default=(),
                  help="comma-separated T replacing the stage's (GPU)")
-  p.add_argument("--labels", default="auto,other", help="train: kernel=auto and/or the other path")
+  p.add_argument("--labels", default=",".join(DEFAULT.labels),
+                 help="train: kernel=auto and/or the other path")
   p.add_argument("--tag", default="", help="suffix of the output file's name")
   p.add_argument("--cases", default="", help="correctness: the groups to run, e.g. "
                  "gqa:256,packed:256,mha:2048,3b:2048:packed (layout or packed, then T)")
-  p.add_argument("--dtypes", default="bfloat16,float32", help="correctness: the dtypes each "
-                 "path runs in on a GPU")
+  p.add_argument("--dtypes", default=",".join(DEFAULT.dtypes),
+                 help="correctness: the dtypes each path runs in on a GPU")
   p.add_argument("--variants", default="", help="correctness, kernels, train: only these "
                  "variants, e.g. diff,transformer (default: all four)")
   p.add_argument("--paths", default="", help="correctness, kernels: only these attention paths, "
                  "e.g. cudnn,cudnn_padded,pallas (default: every path the stage has)")
-  p.add_argument("--masks", default="causal", help="train: comma-separated among causal (rows "
-                 "causal end to end, as the DIFF paper trains) and document (packed documents "
-                 "masked from each other, data.document_mask)")
-  p.add_argument("--document_variants", default="diff,transformer",
+  p.add_argument("--masks", default=",".join(DEFAULT.masks), help="train: comma-separated among "
+                 "causal (rows causal end to end, as the DIFF paper trains) and document (packed "
+                 "documents masked from each other, data.document_mask)")
+  p.add_argument("--document_variants", default=",".join(DEFAULT.document_variants),
                  help="train: the variants the document mask is timed for")
-  p.add_argument("--command_buffers", default="default", help="decode: comma-separated "
-                 "settings of the per-token step's XLA command buffers, among "
+  p.add_argument("--command_buffers", default=",".join(DEFAULT.command_buffers),
+                 help="decode: comma-separated settings of the per-token step's XLA command "
+                 "buffers, among "
                  f"{','.join(COMMAND_BUFFERS)} (decode.py says what each is)")
   p.add_argument("--batches", type=positive_ints, default=(),
                  help="decode: comma-separated batch sizes replacing the stage's (GPU)")

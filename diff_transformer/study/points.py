@@ -93,7 +93,7 @@ class ComparedPoint:
 
   def record_failure(self, study: Study, point: str, workdir: Path, results: Path, config,
                      setting: dict, why: str) -> None:
-    del study, point, workdir, results, config, setting, why
+    """Nothing: a failed compared run stays unrecorded, and a rerun trains it again."""
 
 
 GRID: PointKind = GridPoint()

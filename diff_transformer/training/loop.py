@@ -19,7 +19,6 @@ import ml_collections
 from diff_transformer import data, provenance
 from diff_transformer.model.spec import ModelSpec
 from diff_transformer.runs.folder import RunFolder
-from diff_transformer.training.guard import DivergenceGuard
 from diff_transformer.training.opening import Run, open_alone
 from diff_transformer.training.members import Member, Members, OnDivergence, OneRun
 from diff_transformer.training.metrics import (MetricsLogger, RateWindow,
@@ -98,8 +97,8 @@ def _train(config: ml_collections.ConfigDict, workdir: Path, lock: WorkdirLock |
     return dict(step=0, stopped_by=None, imported=config.init_from_hf)
   logger, window = start_logging(run)
   stop = StopSignal(lambda: exit_now(run.checkpointer, lock))
-  alone = Member(0, None, run, DivergenceGuard(run.checkpointer, config.train.max_loss_spike),
-                 OnDivergence.STOP, logger, window, dict(step=run.start, stopped_by=None))
+  alone = Member(index=0, slot=None, run=run, on_divergence=OnDivergence.STOP, logger=logger,
+                 window=window, summary=dict(step=run.start, stopped_by=None))
   try:
     run_steps(Members([alone], OneRun(run)), run.state,
               Schedule.from_config(config.train, run.start), stop)

@@ -37,7 +37,6 @@ class Member:
   index: int  # in the members list
   slot: int | None  # in the program's stacked state (None: failed in an earlier attempt)
   run: Run
-  guard: DivergenceGuard
   on_divergence: OnDivergence = OnDivergence.HOLD
   # Set when the member starts training (a member failed in an earlier attempt never does).
   logger: MetricsLogger = None  # type: ignore[assignment]
@@ -45,6 +44,10 @@ class Member:
   summary: dict = dataclasses.field(default_factory=dict)
   failed: str | None = None
   finished: bool = False
+  guard: DivergenceGuard = dataclasses.field(init=False)
+
+  def __post_init__(self) -> None:
+    self.guard = DivergenceGuard(self.run.checkpointer, self.run.config.train.max_loss_spike)
 
   @property
   def training(self) -> bool:

@@ -30,7 +30,6 @@ from diff_transformer.runs import folder as run_folder
 from diff_transformer.runs import record as run_record
 from diff_transformer.runs.folder import RunFolder
 from diff_transformer.runs.lock import WorkdirLock, prepare_workdir
-from diff_transformer.training.guard import DivergenceGuard
 from diff_transformer.training.loop import finish, start_logging
 from diff_transformer.training.opening import open_data, open_run, record_start
 from diff_transformer.training.population import Population
@@ -102,7 +101,7 @@ def _open(configs, workdirs, scales, name: str):
   for i, (config, workdir, dataset) in enumerate(zip(configs, workdirs, datasets)):
     batch_change = run_record.check_run_record(workdir, config, dataset.tokenizer)
     run = open_run(config, workdir, dataset, mesh, trainer, batch_change)
-    member = Member(i, None, run, DivergenceGuard(run.checkpointer, config.train.max_loss_spike))
+    member = Member(index=i, slot=None, run=run)
     member.failed = failed_before(workdir)
     members.append(member)
   live = [m for m in members if m.failed is None]
