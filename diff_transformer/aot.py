@@ -86,6 +86,9 @@ def compile_train_step(config: ml_collections.ConfigDict, topology: str) -> AotR
     return result
   mem = compiled.memory_analysis()
   result.compiled = True
+  if mem is None:
+    result.error = f"the compiler for {topology} reports no memory analysis"
+    return result
   result.argument_gib = mem.argument_size_in_bytes / GIB
   result.output_gib = mem.output_size_in_bytes / GIB
   result.temp_gib = mem.temp_size_in_bytes / GIB

@@ -76,12 +76,12 @@ class ChunkSource(Sequence):
     self.shard = np.concatenate([np.full(len(t[0]), k, np.int32) for k, t in enumerate(tables)])
     self.starts = np.concatenate([t[0] for t in tables])
     self.lengths = np.concatenate([t[1] for t in tables])
-    self._tokens = None
+    self._tokens: list[np.memmap] | None = None
 
   def __len__(self) -> int:
     return len(self.starts)
 
-  def __getitem__(self, i: int) -> dict[str, np.ndarray]:
+  def __getitem__(self, i: int) -> dict[str, np.ndarray]:  # type: ignore[override]  # no slices
     if self._tokens is None:  # opened lazily so the source pickles into worker processes
       self._tokens = [np.memmap(f, dtype=self._dtype, mode="r") for f in self._files]
     s, n = int(self.starts[i]), int(self.lengths[i])

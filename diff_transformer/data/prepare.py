@@ -85,11 +85,12 @@ def prepare_documents(documents: Documents, output: str | Path, *, tokenizer: st
   if (tokenizer in ("file", "tiktoken")) != (tokenizer_file is not None):
     raise DataError("--tokenizer_file/--tiktoken_file: give a file exactly when the tokenizer is "
                     "'file' or 'tiktoken'")
-  if tokenizer == "file":
-    FileTokenizer.from_file(tokenizer_file)  # a bad file is one line before any slow work
-  if tokenizer == "tiktoken":
-    tiktoken_encoding = tiktoken_encoding or Path(tokenizer_file).stem
-    TiktokenTokenizer(tokenizer_file, tiktoken_encoding)
+  if tokenizer_file is not None:  # a bad file is one line before any slow work
+    if tokenizer == "file":
+      FileTokenizer.from_file(tokenizer_file)
+    else:
+      tiktoken_encoding = tiktoken_encoding or Path(tokenizer_file).stem
+      TiktokenTokenizer(tokenizer_file, tiktoken_encoding)
   output = Path(output).expanduser().resolve()
   if output.exists():
     if not (output / METADATA).is_file() and any(output.iterdir()):
@@ -111,10 +112,10 @@ def prepare_documents(documents: Documents, output: str | Path, *, tokenizer: st
     # Pass 2 (BPE only): trained on the training split, so validation text stays unseen.
     train_texts = (t for _, s, _, t in split_documents(documents, plan, val_fraction)
                    if s == "train")
-    if tokenizer == "file":
-      shutil.copyfile(tokenizer_file, tmp / TOKENIZER_FILE)
+    if tokenizer_file is not None:
+      copy_name = TOKENIZER_FILE if tokenizer == "file" else TIKTOKEN_FILE
+      shutil.copyfile(tokenizer_file, tmp / copy_name)
     if tokenizer == "tiktoken":
-      shutil.copyfile(tokenizer_file, tmp / TIKTOKEN_FILE)
       (tmp / "tiktoken.json").write_text(json.dumps(dict(encoding=tiktoken_encoding)) + "\n")
     tok = build_tokenizer(ml_collections.ConfigDict(
         dict(tokenizer=tokenizer, bpe_vocab_size=bpe_vocab_size)), tmp, train_texts)
@@ -148,6 +149,7 @@ def _encode(tok: Tokenizer, dtype: np.dtype, batch: list) -> tuple[list, np.ndar
 
 
 def _encode_in_worker(batch: list) -> tuple[list, np.ndarray, np.ndarray]:
+  assert _worker is not None, "a pool worker runs _init_worker first"
   return _encode(*_worker, batch)
 
 
@@ -197,8 +199,8 @@ def _write_splits(documents: Documents, plan: dict, val_fraction: float, tok: To
       raise DataError(f"too little text to hold out a {s} split (val_fraction={val_fraction})")
   # Unigram statistics of the training targets: every token and each document's final eot
   # (each shard's opening eot is no target).
-  counts = sum(np.bincount(np.memmap(out / sh["file"], dtype, mode="r")[1:],
-                           minlength=tok.vocab_size) for sh in shards["train"])
+  counts = np.add.reduce([np.bincount(np.memmap(out / sh["file"], dtype, mode="r")[1:],
+                                      minlength=tok.vocab_size) for sh in shards["train"]])
   p = counts[counts > 0] / counts.sum()
   splits = {}
   for s in SPLITS:

@@ -13,6 +13,7 @@ split of one shard.
 from __future__ import annotations
 
 import hashlib
+from typing import BinaryIO
 from pathlib import Path
 
 import numpy as np
@@ -36,7 +37,7 @@ class ShardWriter:
     self.out, self.split, self.dtype, self.shard_tokens = out, split, dtype, shard_tokens
     self._eot = np.array([eot_id], dtype).tobytes()
     self.shards: list[dict] = []
-    self._file = None
+    self._file: BinaryIO | None = None
     self._offsets: list[int] = []
     self._max, self._hash = 0, hashlib.sha256()
 
@@ -49,6 +50,7 @@ class ShardWriter:
     self.shards.append(dict(file=f"{name}.bin", index=f"{name}.idx.npy"))
 
   def _close(self) -> None:
+    assert self._file is not None, "_close without _open"
     self._file.close()
     self._file = None
     shard = self.shards[-1]
@@ -58,6 +60,7 @@ class ShardWriter:
     self._hash = hashlib.sha256()
 
   def _write(self, data: bytes) -> None:
+    assert self._file is not None, "_write without _open"
     self._file.write(data)
     self._hash.update(data)
 

@@ -63,9 +63,9 @@ def needle_rows(s: TaskSpec, rng: np.random.Generator, rows: int) -> dict[str, n
   kb = distinct(rng, rows, pools["key2"], N)
   val = distinct(rng, rows, pools["value"], N + D)
   asked = np.argsort(rng.random((rows, N)), axis=1)[:, :R]  # needle asked by question r
-  j = np.arange(D)
-  ka_all = np.concatenate([ka, ka[b, asked[:, j % R]]], axis=1)
-  kb_all = np.concatenate([kb, kb[b, asked[:, (j + 1 + j // R) % R]]], axis=1)
+  d = np.arange(D)  # distractor d copies one asked key and pairs it with another's
+  ka_all = np.concatenate([ka, ka[b, asked[:, d % R]]], axis=1)
+  kb_all = np.concatenate([kb, kb[b, asked[:, (d + 1 + d // R) % R]]], axis=1)
   item = np.stack([np.full_like(ka_all, NEEDLE), ka_all, kb_all, val], axis=-1)  # [rows, N+D, 4]
   # The haystack is everything before the questions; needles sit at non-overlapping starts
   # inside its [depth_min, depth_max] band, in random order.

@@ -145,7 +145,7 @@ def padded_vocab_size(ids: int, multiple: int) -> int:
   return -(-ids // multiple) * multiple if multiple > 0 else ids
 
 
-def check_name(name: str) -> None:
+def check_name(name: object) -> None:
   if name not in TOKENIZERS:
     raise DataError(f"data.tokenizer: unknown tokenizer '{name}'; choose one of "
                     f"{', '.join(TOKENIZERS)}")
@@ -167,7 +167,7 @@ def build_tokenizer(data_config: ml_collections.ConfigDict, directory: str | Pat
     if record is None or not record.is_file():
       raise DataError(f"data.tokenizer: 'tiktoken' needs {record} (prepare_data.py "
                       "--tiktoken_file writes it)")
-    return TiktokenTokenizer(Path(directory) / TIKTOKEN_FILE,
+    return TiktokenTokenizer(record.with_name(TIKTOKEN_FILE),
                              read_json(record, DataError, "tiktoken record")["encoding"])
   if data_config.tokenizer == "file":
     if path is None or not path.is_file():
@@ -189,12 +189,14 @@ def load_tokenizer(recorded: dict, directory: str | Path) -> Tokenizer:
   """Loads the tokenizer a metadata.json describes and checks it is the recorded one."""
   name = recorded.get("name")
   check_name(name)
+  tok: Tokenizer
   if name == "tiktoken":
     tok = TiktokenTokenizer(Path(directory) / TIKTOKEN_FILE, str(recorded.get("encoding")))
-    assert_compatible(recorded, tok)
-    return tok
-  kind = {"byte": None, "bpe": BPETokenizer, "file": FileTokenizer}[name]
-  tok = ByteTokenizer() if kind is None else kind.from_file(Path(directory) / TOKENIZER_FILE)
+  elif name == "byte":
+    tok = ByteTokenizer()
+  else:
+    kind = FileTokenizer if name == "file" else BPETokenizer
+    tok = kind.from_file(Path(directory) / TOKENIZER_FILE)
   assert_compatible(recorded, tok)
   return tok
 

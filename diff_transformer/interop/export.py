@@ -20,6 +20,7 @@ from diff_transformer.data import synthetic
 from diff_transformer.files import read_json
 from diff_transformer.interop import InteropError, require, weights
 from diff_transformer.interop.hf_tokenizer import hf_tokenizer
+from diff_transformer.model import split_params
 from diff_transformer.model.spec import ModelSpec
 from diff_transformer.model.attention import spec_from_config
 from diff_transformer.runs.folder import CONFIG, TOKENIZER_RECORD
@@ -64,7 +65,7 @@ def write_folder(model, spec: ModelSpec, record: dict, tokenizer, workdir: Path,
   from flax import nnx
   from safetensors.numpy import save_file
   from transformers import GenerationConfig
-  _, params, constants = nnx.split(model, nnx.Param, ...)
+  _, params, constants = split_params(model)
   as_numpy = lambda tree, dtype=None: {k: np.asarray(v, dtype) for k, v in flatten(tree).items()}
   hf, sidecar = weights.to_hf(spec, as_numpy(nnx.to_pure_dict(params), np.float32),
                               as_numpy(nnx.to_pure_dict(constants)))

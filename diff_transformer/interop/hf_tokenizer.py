@@ -62,12 +62,17 @@ def tiktoken_tokenizer(record: dict, workdir: Path):
   """A `tokenizers.Tokenizer` whose ids equal the run's tiktoken encoding for every string."""
   from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
   from transformers.convert_slow_tokenizer import TikTokenConverter
-  ranks = read_ranks(Path(workdir) / TIKTOKEN_FILE)
+  ranks_file = Path(workdir) / TIKTOKEN_FILE
+  ranks = read_ranks(ranks_file)
   params = encoding_params(record["encoding"], ranks)
   pattern = _onig_pattern(params["pat_str"], record["encoding"])
-  converter = TikTokenConverter(pattern=pattern)
-  converter.load_tiktoken_bpe = lambda _: ranks  # the run's local ranks, not a download
-  vocab, merges = converter.extract_vocab_merges_from_model(None)
+
+  class LocalRanks(TikTokenConverter):  # the run's checked ranks; never a download
+    @staticmethod
+    def load_tiktoken_bpe(tiktoken_url: str) -> dict[bytes, int]:
+      return ranks
+
+  vocab, merges = LocalRanks(pattern=pattern).extract_vocab_merges_from_model(str(ranks_file))
   vocab.update(params["special_tokens"])  # at tiktoken's ids (the id space may have gaps)
   tok = Tokenizer(models.BPE(vocab, merges, fuse_unk=False, ignore_merges=True))
   tok.pre_tokenizer = pre_tokenizers.Sequence([

@@ -154,11 +154,11 @@ class DiffTransformerLM(TemplateLM):
     """decoding.generate's settings from lm-eval's gen_kwargs, as lm-eval's `hf` model reads
     them: sampling only with do_sample true (temperature default 1.0, 0 = greedy), else greedy."""
     do_sample = str(gen_kwargs.get("do_sample", False)).lower() in ("true", "1")
-    settings = dict(temperature=float(gen_kwargs.get("temperature", 1.0)) if do_sample else 0.0,
-                    top_k=int(gen_kwargs.get("top_k", 0)),
-                    top_p=float(gen_kwargs.get("top_p", 1.0)))
-    decoding.check_sampling(**settings, field="generation_kwargs")  # before any decoding
-    return settings
+    temperature = float(gen_kwargs.get("temperature", 1.0)) if do_sample else 0.0
+    top_k, top_p = int(gen_kwargs.get("top_k", 0)), float(gen_kwargs.get("top_p", 1.0))
+    decoding.check_sampling(temperature=temperature, top_k=top_k, top_p=top_p,
+                            field="generation_kwargs")  # before any decoding
+    return dict(temperature=temperature, top_k=top_k, top_p=top_p)
 
   def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
     """Continuations with the KV cache (greedy, or sampled when gen_kwargs say do_sample), cut
@@ -171,7 +171,7 @@ class DiffTransformerLM(TemplateLM):
       by_kwargs: dict[str, list[int]] = {}
       for j, (_, gen_kwargs) in enumerate(batch):  # one decode call per distinct setting
         by_kwargs.setdefault(json.dumps(gen_kwargs, sort_keys=True, default=str), []).append(j)
-      texts: list[str | None] = [None] * len(batch)
+      texts: dict[int, str] = {}
       for members in by_kwargs.values():
         gen_kwargs = dict(batch[members[0]][1])
         until = gen_kwargs.get("until") or []
@@ -193,5 +193,5 @@ class DiffTransformerLM(TemplateLM):
               text = text[:text.index(stop)]
           texts[j] = text
           self.cache_hook.add_partial("generate_until", batch[j], text)
-      out.extend(texts)
+      out.extend(texts[j] for j in range(len(batch)))
     return out

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from diff_transformer.model import split_params
 from diff_transformer.model.spec import ModelSpec
 from diff_transformer.params import abstract_model
 from diff_transformer.sharding import logical_to_spec
@@ -23,8 +24,7 @@ class ModelLayout:
   starts from and what restoring a model for evaluation needs."""
 
   def __init__(self, spec: ModelSpec, mesh: jax.sharding.Mesh):
-    self.graphdef, self.param_variables, constants = nnx.split(abstract_model(spec), nnx.Param,
-                                                               ...)
+    self.graphdef, self.param_variables, constants = split_params(abstract_model(spec))
     # The logical names straight from each variable's metadata (nnx.get_partition_spec would
     # already apply whatever rules context the caller is in).
     logical = nnx.to_pure_dict(jax.tree.map(

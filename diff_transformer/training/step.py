@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp
@@ -25,7 +26,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from diff_transformer.data import synthetic
-from diff_transformer.model import build_model
+from diff_transformer.model import build_model, split_params
 from diff_transformer.model.spec import ModelSpec
 from diff_transformer.model.attention import spec_from_config
 from diff_transformer.sharding import BATCH, LENGTH, LOGICAL_RULES, constrain
@@ -99,8 +100,8 @@ class Trainer:
   def init_fn(self, seed) -> State:
     """A fresh state (unjitted, unsharded) from a seed or a jax.random key (a traced one too)."""
     model = build_model(self.spec, nnx.Rngs(seed))
-    _, params, constants = nnx.split(model, nnx.Param, ...)
-    params = nnx.to_pure_dict(params)
+    _, param_variables, constants = split_params(model)
+    params = nnx.to_pure_dict(param_variables)
     return dict(step=jnp.zeros((), jnp.int32), params=params,
                 constants=nnx.to_pure_dict(constants), opt_state=self.tx.init(params))
 
@@ -196,8 +197,8 @@ class Trainer:
     with self.context():
       return self._train_step(state, batch)
 
-  def lower_train_step(self, batch: Batch, platforms: tuple[str, ...] | None = None
-                       ) -> jax.stages.Lowered:
+  def lower_train_step(self, batch: Mapping[str, jax.Array | jax.ShapeDtypeStruct],
+                       platforms: tuple[str, ...] | None = None) -> jax.stages.Lowered:
     """The train step lowered for the abstract state and `batch` (arrays or
     ShapeDtypeStructs): compile() it for AOT memory analysis without running anything.
     `platforms`: lower for these instead of this host's (e.g. ("cuda",) on a CPU host: its text

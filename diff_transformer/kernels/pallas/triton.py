@@ -64,7 +64,7 @@ def _fwd_kernel(r, cfg: KernelConfig, length: int, with_res: bool) -> None:
   q1 = r["q1"][...]
   q2 = r["q2"][...] if diff else None
   q_seg = r["qs"][...] if "qs" in r else None
-  num_k = length // bk
+  num_k: int | jax.Array = length // bk
   if cfg.causal:
     num_k = jnp.minimum(num_k, (q_start + bq + bk - 1) // bk)
   dim_v = r["v"].shape[-1]
@@ -189,7 +189,7 @@ def _dq_kernel(r, cfg: KernelConfig, length: int) -> None:
   do = r["do"][...]
   rows = [r[n][...] if n in r else None for n in _ROW_INPUTS]
   q_seg = r["qs"][...] if "qs" in r else None
-  num_k = length // bk
+  num_k: int | jax.Array = length // bk
   if cfg.causal:
     num_k = jnp.minimum(num_k, (q_start + bq + bk - 1) // bk)
 

@@ -52,10 +52,11 @@ class DiffAttention(Attention):
     self.wv = self._dense(D, K * 2 * d, (EMBED, KV_HEADS), rngs)
     self.wo = self._dense(h * 2 * d, D, (HEADS, EMBED), rngs)
     o = spec.options
-    lambda_vector = nnx.initializers.normal(o.lambda_std)  # lambda_q1 ... k2 (not lambda_init)
-    for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
-      setattr(self, name, Lambda(lambda_vector(rngs.params(), (d,), jnp.float32),
-                                 out_sharding=(HEAD_DIM,)))
+    lambda_vector = lambda: Lambda(nnx.initializers.normal(o.lambda_std)(
+        rngs.params(), (d,), jnp.float32), out_sharding=(HEAD_DIM,))
+    # drawn in this order (q1, k1, q2, k2), the order every committed initialisation used
+    self.lambda_q1, self.lambda_k1 = lambda_vector(), lambda_vector()
+    self.lambda_q2, self.lambda_k2 = lambda_vector(), lambda_vector()
     self.lambda_init = LayerConstant(lambda_init_value(layer_idx, o.lambda_init))
     if o.subln:
       self.subln_scale = Gain(jnp.ones((2 * d,), jnp.float32), out_sharding=(NORM,))
