@@ -12,7 +12,7 @@ import pytest
 
 from configs.studies.lm_tuned import STUDY
 from diff_transformer.errors import ConfigError
-from diff_transformer.study import Tuned, pins, tuning
+from diff_transformer.study import Tuned, opening, pins, tuning
 
 # The loss each candidate reaches: best lr 4e-3 for every cell; DIFF best at the smallest named
 # scale 0.1 (so the grid grows to 0.05, which is worse), the Transformer at its rule.
@@ -96,3 +96,18 @@ def test_a_tuned_cell_must_be_compared_and_its_around_named_first():
   reordered = (STUDY.tuned[4],) + STUDY.tuned[:4]
   with pytest.raises(ConfigError, match="tuned cell 'diff@L4@tuned'"):
     dataclasses.replace(STUDY, tuned=reordered).validate(design=False)
+
+
+def test_the_report_shows_each_value_at_its_own_best_lr(tuned, tmp_path):
+  """The tuned section: every value tried (the grown 0.05 too) with its own lr's grid mean, the
+  choice marked, each cell's state, and the scale-loss plot written."""
+  _, _, grid, _ = tuned
+  lines = opening.tuned_values(dict(lr_grid=grid), tmp_path)
+  rows = {tuple(cell.strip() for cell in line.strip("|").split("|")[:2]): line for line in lines
+          if line.startswith("| diff@tuned") or line.startswith("| transformer@tuned")}
+  assert set(rows) >= {("diff@tuned", v) for v in ("0.05", "0.1", "0.2", "0.4", "rule")}
+  assert "**chosen**" in rows[("diff@tuned", "0.1")] and "| 1.6000 |" in rows[("diff@tuned", "0.1")]
+  assert "| 1.6100 | complete" in rows[("diff@tuned", "0.2")]
+  assert "**chosen**" in rows[("transformer@tuned", "rule")]
+  assert "- `diff@tuned`: 0.1 at lr 0.004" in lines
+  assert (tmp_path / "tuned.png").stat().st_size > 10_000

@@ -9,7 +9,7 @@ def plural(count: int, noun: str) -> str:
   return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
-def num(x: float, digits: int = 3) -> str:
+def num(x: float | None, digits: int = 3) -> str:
   if x is None or (isinstance(x, float) and math.isnan(x)):
     return "-"
   return f"{x:.0f}" if abs(x) >= 100 else f"{x:.{digits}f}"

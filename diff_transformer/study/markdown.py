@@ -178,7 +178,7 @@ def _text_tables(result: dict, root: Path) -> list[str]:
 def write(result: dict, root: Path) -> Path:
   text = "task_params" not in result["study"]
   lines = (opening.header(result, text_report.resolvable(result) if text else [])
-           + opening.lr_grid(result))
+           + opening.lr_grid(result) + opening.tuned_values(result, root))
   if not result["runs"]:
     lines += ["No compared run has finished yet.", ""] + (text_report.descent(result) if text
                                                            else [])

@@ -1,12 +1,15 @@
 """The opening of a study report: the warnings that limit every reading (exploratory design,
 runs from several code versions, untuned or unbracketed lrs, an unfinished grid), the setting,
-how to read the tables, and the lr grid."""
+how to read the tables, the lr grid and the tuned settings."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Sequence
 
+from diff_transformer.study import plots
 from diff_transformer.study.cells import num, plural, table
+from diff_transformer.study.tuning import final
 
 
 def limits(result: dict) -> list[str]:
@@ -147,3 +150,36 @@ def lr_grid(result: dict) -> list[str]:
            + _grid_metric_note(grid["metric"], result["study"]["primary"])] + [""] +
           table(["variant", "seed"] + [f"lr {lr:g}" for lr in lrs] +
                  ["chosen", "bracketed", "untuned"], rows) + [""])
+
+
+def tuned_values(result: dict, root: Path) -> list[str]:
+  """Each tuned cell's values, each at its own best lr on the grid seeds, the choice marked."""
+  grid = result["lr_grid"] or {}
+  tuned = grid.get("tuned") or {}
+  if not tuned:
+    return []
+  rows, states = [], []
+  for name, c in tuned.items():
+    for value, cell in c["candidates"].items():
+      d = grid["decisions"].get(cell) or {}
+      state = ("**chosen**" if value == c["value"] and final(c) else
+               "grid not finished: provisional" if not d.get("complete") else
+               "complete" if value in c["scores"] else "no working lr")
+      got = plots.grid_mean(grid, cell)
+      rows.append([name, value, cell, f"{d['chosen']:g}" if d.get("chosen") else "-",
+                   num(got[1] if got else None, 4), state])
+    states.append(f"- `{name}`: " + (
+        f"{c['value']} at lr {c['lr']:g}" if final(c) else
+        f"grows to {c['extend']} next" if c.get("extend") else
+        f"waits for `{c['around']}`'s choice (its value /2, x1, x2)" if not c["candidates"] else
+        "not decided: a candidate's grid is not finished"))
+  keys = sorted({c["key"] for c in tuned.values()})
+  return ([f"## Tuned settings ({', '.join(f'`{k}`' for k in keys)}), each value at its own "
+           "best lr", "",
+           f"The grid seeds' mean `{grid['metric']}` at each value's chosen lr (the table above); "
+           "a cell trains its compared runs at the best (value, lr) pair. Values beyond the "
+           "named ones were added where a numeric end won.", ""] +
+          table(["tuned cell", "value", "candidate", "its lr", grid["metric"], "state"], rows) +
+          ["", "Choices:"] + states +
+          ["", f"![loss against the tuned value]({plots.tuned_values(result, root / 'tuned.png')})",
+           ""])

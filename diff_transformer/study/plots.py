@@ -1,6 +1,6 @@
 """A study's plots: accuracy per slice against its best shortcut, learning curves, the pre-named
-pairs' differences, and for a language-modelling study validation loss against tokens (per size)
-and against parameters."""
+pairs' differences, for a language-modelling study validation loss against tokens (per size)
+and against parameters, and a tuned setting's grid score against its value."""
 from __future__ import annotations
 
 import math
@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from diff_transformer.evaluation import common, floors
+from diff_transformer.study.named import number_or_none
 
 
 def _std(x: dict) -> float:
@@ -162,4 +163,57 @@ def pairs(result: dict, path: Path) -> str:
   ax.set_yticks(range(len(rows)), [f"{a} - {b}" for a, b in rows], fontsize=7)
   ax.set_xlabel(f"paired difference a - b in `{primary}`")
   fig.legend(fontsize=7, loc="outside lower center", ncol=2, frameon=False)
+  return common.save_figure(fig, path)
+
+
+def grid_mean(grid: dict, cell: str) -> tuple[float, float, list[float]] | None:
+  """(its chosen lr, the grid seeds' mean grid metric there, each seed's) of one grid cell."""
+  lr = (grid["decisions"].get(cell) or {}).get("chosen")
+  if lr is None:
+    return None
+  runs = grid["table"].get(cell, {}).get(f"{lr:g}", {})
+  values = [float(r[grid["metric"]]) for r in runs.values() if not r.get("failed")]
+  return (float(lr), float(np.mean(values)), values) if values else None
+
+
+def tuned_values(result: dict, path: Path) -> str:
+  """Each tuned cell's grid score against its value (log axis), every grid seed faint, the mean
+  bold (hollow while that value's lr grid is not finished), the best value starred; a value off
+  the axis (a layer-dependent rule) a dashed line."""
+  grid = result["lr_grid"]
+  fig, ax = common.figure(size=(6, 3.6))
+  xs: list[float] = []
+  for i, (name, c) in enumerate(grid["tuned"].items()):
+    on_axis: list[tuple[float, str, tuple[float, float, list[float]]]] = []
+    off_axis: list[tuple[str, tuple[float, float, list[float]]]] = []
+    for value, cell in c["candidates"].items():
+      got = grid_mean(grid, cell)
+      x = number_or_none(value)
+      x = c["rule_at"] if x is None else x
+      if got is not None and x is not None:
+        on_axis.append((x, value, got))
+      elif got is not None:
+        off_axis.append((value, got))
+    on_axis.sort(key=lambda t: t[0])
+    for x, value, (_, mean, seeds) in on_axis:
+      ax.scatter([x] * len(seeds), seeds, color=f"C{i}", s=8, alpha=0.35)
+      done = (grid["decisions"].get(c["candidates"][value]) or {}).get("complete")
+      ax.scatter([x], [mean], color=f"C{i}", zorder=3, facecolor=f"C{i}" if done else "white",
+                 marker="*" if value == c["value"] and done else "o",
+                 s=140 if value == c["value"] and done else 30)
+    if on_axis:
+      ax.plot([t[0] for t in on_axis], [t[2][1] for t in on_axis], color=f"C{i}", lw=1.8,
+              label=name)
+      xs += [t[0] for t in on_axis]
+    for value, (_, mean, _) in off_axis:
+      ax.axhline(mean, color=f"C{i}", lw=1, ls="--", label=f"{name}: {value}"
+                 + (" (chosen)" if value == c["value"] else ""))
+  if xs:
+    ax.set_xscale("log")
+    ax.set_xticks(sorted(set(xs)), [f"{x:g}" for x in sorted(set(xs))])
+    ax.xaxis.set_minor_formatter("")
+  keys = sorted({c["key"] for c in grid["tuned"].values()})
+  ax.set_xlabel(", ".join(keys) + " (star: best; hollow: its lr grid not finished)")
+  ax.set_ylabel(f"{grid['metric']} at its best lr (grid seeds)")
+  ax.legend(fontsize=7)
   return common.save_figure(fig, path)

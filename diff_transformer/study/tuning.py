@@ -102,7 +102,9 @@ def tune(study: Study, run_points: Callable[[list[str]], dict[str, dict]], floor
     grid = lr_grid.tune(study, run_points, floor)
   if study.tuned:
     grid["tuned"] = {t.name: dict(choose(study, t, grid), grown=list(t.grown),
-                                  resolved=list(t.resolved)) for t in study.tuned}
+                                  resolved=list(t.resolved), key=t.key, rule_at=t.rule_at,
+                                  around=t.around, candidates={v: candidate(t, v) for v in t.tried})
+                     for t in study.tuned}
   return resolve(study, grid), grid
 
 
