@@ -177,8 +177,8 @@ def tuned_values(result: dict, root: Path) -> list[str]:
   return ([f"## Tuned settings ({', '.join(f'`{k}`' for k in keys)}), each value at its own "
            "best lr", "",
            f"The grid seeds' mean `{grid['metric']}` at each value's chosen lr (the table above); "
-           "a cell trains its compared runs at the best (value, lr) pair. Values beyond the "
-           "named ones were added where a numeric end won.", ""] +
+           "a cell trains its compared runs at the best (value, lr) pair. A value beyond the "
+           "named ones is one the x2 growth added where a numeric end won.", ""] +
           table(["tuned cell", "value", "candidate", "its lr", grid["metric"], "state"], rows) +
           ["", "Choices:"] + states +
           ["", f"![loss against the tuned value]({plots.tuned_values(result, root / 'tuned.png')})",
