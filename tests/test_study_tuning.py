@@ -89,6 +89,22 @@ def test_an_incomplete_grid_decides_nothing():
   assert decided.is_tuned("shared_diff@tuned") and not grid["tuned"]["shared_diff@tuned"]["complete"]
 
 
+def test_the_report_of_an_unfinished_grid_marks_what_is_provisional(tmp_path):
+  """One missing grid run: its candidate's row says provisional, its cell is not decided and
+  none of its values is marked chosen."""
+  study = STUDY.validate()
+  missing = study.grid_points()[-1]
+  fake = run_fake(study, [])
+  _, grid = tuning.tune(study, lambda points: {p: r for p, r in fake(points).items()
+                                               if p != missing}, math.nan)
+  lines = opening.tuned_values(dict(lr_grid=grid), tmp_path)
+  cell = study.parse(missing).variant
+  assert any(line.startswith("| shared_diff@tuned") and f"| {cell} |" in line
+             and "provisional" in line for line in lines)
+  assert "- `shared_diff@tuned`: not decided: a candidate's grid is not finished" in lines
+  assert not any("**chosen**" in line for line in lines if line.startswith("| shared_diff@tuned"))
+
+
 def test_a_tuned_cell_must_be_compared_and_its_around_named_first():
   extra = STUDY.tuned + (Tuned("x@tuned", "diff", "model.norm_out_scale", ("0.1",)),)
   with pytest.raises(ConfigError, match="tuned cell 'x@tuned' must be one of the compared"):
