@@ -17,6 +17,7 @@ from diff_transformer.model.attention import model_section, spec_from_config, va
 
 KERNELS = ("auto", *kernels.KERNELS)  # auto: kernels/auto.py picks one per platform and shapes
 REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
+LAYER_LOOPS = ("auto", "scan", "unroll")
 DTYPES = ("float32", "bfloat16")
 MAX_SEQ_LEN = 1 << 20  # a million positions: 16x the papers' longest (64K)
 
@@ -136,6 +137,8 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     _fail("model.kernel", f"unknown kernel '{m.kernel}'; choose one of {', '.join(KERNELS)}")
   if m.remat not in REMAT_POLICIES:
     _fail("model.remat", f"unknown policy '{m.remat}'; choose one of {', '.join(REMAT_POLICIES)}")
+  if m.layer_loop not in LAYER_LOOPS:
+    _fail("model.layer_loop", f"'{m.layer_loop}' is not one of {', '.join(LAYER_LOOPS)}")
   if m.dtype not in DTYPES:
     _fail("model.dtype", f"'{m.dtype}' is not one of {', '.join(DTYPES)}")
   for name in ("vocab_size", "d_model", "num_layers", "num_heads", "head_dim", "ffn_dim",

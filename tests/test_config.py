@@ -26,6 +26,7 @@ def cfg(**model):
     (dict(variant="shared_diff", rank=10_000), "model.rank", "must be in"),
     (dict(variant="nope"), "model.variant", "unknown variant"),
     (dict(kernel="cuda_magic"), "model.kernel", "unknown kernel"),
+    (dict(layer_loop="loop"), "model.layer_loop", "not one of auto, scan, unroll"),
     (dict(d_model=0), "model.d_model", "positive"),
     (dict(num_layers=-1), "model.num_layers", "positive"),
     (dict(vocab_size=0), "model.vocab_size", "positive"),

@@ -1,4 +1,5 @@
-"""Whole-model properties: causality, packing, lambda, finite forward/backward in f32 and bf16."""
+"""Whole-model properties: causality, packing, lambda, finite forward/backward in f32 and bf16,
+the blocks scanned or unrolled alike."""
 import dataclasses
 
 import jax
@@ -7,7 +8,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from diff_transformer.model import build_model
+from diff_transformer import kernels
+from diff_transformer.model import build_model, split_params
+from diff_transformer.model.decoder import unrolled
 from diff_transformer.model.attention import LayerConstant
 from tests.helpers.variant_table import VARIANTS, tiny
 
@@ -109,3 +112,39 @@ def test_shared_diff_default_init_starts_at_diff_v1_logit_scale():
   shared = _initial_logit_rms("shared_diff-mqar")
   assert 0.5 < shared / diff < 2.0, (shared, diff)
   assert _initial_logit_rms("shared_diff-mqar", lowrank_init="fan_in") / diff > 10
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_scanned_and_unrolled_blocks_compute_the_same_model(variant):
+  """model.layer_loop changes how the blocks run, not what they compute or how their parameters
+  are stored: one set of stacked parameters gives the same loss and gradients both ways (to
+  float32 rounding), and only the scanned program loops."""
+  spec = dataclasses.replace(tiny(variant), num_layers=3)
+  tok = jax.random.randint(jax.random.key(5), (2, T), 0, 97)
+  graphs, results = {}, {}
+  for loop in ("scan", "unroll"):
+    m = build_model(dataclasses.replace(spec, layer_loop=loop), nnx.Rngs(0))
+    graphs[loop], param_variables, constants = split_params(m)
+    params, rest = nnx.to_pure_dict(param_variables), nnx.to_pure_dict(constants)  # a state's
+
+    def loss(params, rest, graph=graphs[loop]):
+      logits = nnx.merge(graph, params, rest)(tok[:, :-1])
+      return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), tok[:, 1:, None], -1))
+
+    results[loop] = jax.jit(jax.value_and_grad(loss))(params, rest)
+    text = jax.jit(loss).lower(params, rest).as_text()
+    assert ("stablehlo.while" in text) == (loop == "scan"), loop
+  (loss_scan, grads_scan), (loss_unroll, grads_unroll) = results["scan"], results["unroll"]
+  assert jax.tree.structure(grads_scan) == jax.tree.structure(grads_unroll)
+  np.testing.assert_allclose(float(loss_scan), float(loss_unroll), rtol=1e-6)
+  for a, b in zip(jax.tree.leaves(grads_scan), jax.tree.leaves(grads_unroll)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_auto_unrolls_on_cpu_only():
+  spec = tiny("diff")
+  assert unrolled(spec) == (jax.default_backend() == "cpu")
+  with kernels.auto.target_platform("tpu"):  # an AOT compile for a TPU keeps the loop
+    assert not unrolled(spec)
+  assert not unrolled(dataclasses.replace(spec, layer_loop="scan"))
+  assert unrolled(dataclasses.replace(spec, layer_loop="unroll"))

@@ -40,12 +40,18 @@ def target_platform(platform: str):
     _TARGETS.pop()
 
 
+def target() -> str:
+  """The platform a program traced now is for: the innermost target_platform, else the default
+  backend ('cpu', 'gpu', 'tpu')."""
+  return _TARGETS[-1] if _TARGETS else jax.default_backend()
+
+
 def choose(q1, k1, v, *, explicit_mask: bool = False, platform: str | None = None,
            compute_capability: float | None = None) -> str:
   """The kernel name 'auto' stands for with these inputs (arrays or ShapeDtypeStructs).
   `compute_capability`: the GPU's; by default read from this host's first GPU (none: the
   pre-Hopper limit)."""
-  platform = platform or (_TARGETS[-1] if _TARGETS else jax.default_backend())
+  platform = platform or target()
   if explicit_mask or platform == "cpu":
     return "xla"
   if platform == "tpu":

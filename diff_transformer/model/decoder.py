@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from diff_transformer import kernels
 from diff_transformer.model import cache as kv_cache
 from diff_transformer.model.attention import variant_class
 from diff_transformer.model.layers import RMSNorm, ShortConv, SwiGLU, dense
@@ -68,6 +69,14 @@ def _remat_policy(name: str):
               jax.checkpoint_policies.dots_with_no_batch_dims_saveable}[name]
 
 
+def unrolled(spec: ModelSpec) -> bool:
+  """Whether the blocks run unrolled (model.layer_loop; "auto": on CPU, where the loop over the
+  stacked layers measured slower, and not where a deep preset would compile every layer)."""
+  if spec.layer_loop == "auto":
+    return kernels.auto.target() == "cpu"
+  return spec.layer_loop == "unroll"
+
+
 class Decoder(nnx.Module):
   def __init__(self, spec: ModelSpec, *, rngs: nnx.Rngs):
     self.spec = spec
@@ -102,7 +111,8 @@ class Decoder(nnx.Module):
 
     if self.spec.remat != "none":
       body = nnx.remat(body, policy=_remat_policy(self.spec.remat))
-    x_BTD, aux = nnx.scan(body, in_axes=(nnx.Carry, 0), out_axes=(nnx.Carry, 0))(x_BTD, self.blocks)
+    x_BTD, aux = nnx.scan(body, in_axes=(nnx.Carry, 0), out_axes=(nnx.Carry, 0),
+                          unroll=unrolled(self.spec))(x_BTD, self.blocks)
     logits_BTV = self._logits(x_BTD)
     return (logits_BTV, aux) if capture or metric_weights_BT is not None else logits_BTV
 

@@ -25,6 +25,7 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from diff_transformer import kernels
 from diff_transformer.data import synthetic
 from diff_transformer.model import build_model, split_params
 from diff_transformer.model.spec import ModelSpec
@@ -202,12 +203,14 @@ class Trainer:
     """The train step lowered for the abstract state and `batch` (arrays or
     ShapeDtypeStructs): compile() it for AOT memory analysis without running anything.
     `platforms`: lower for these instead of this host's (e.g. ("cuda",) on a CPU host: its text
-    only, benchmarks/lower_cudnn.py)."""
+    only, benchmarks/lower_cudnn.py), with every 'auto' choice made for the first of them."""
     with self.context():
       if platforms is None:
         return self._train_step.lower(self.abstract_state, batch)
-      return self._train_step.trace(self.abstract_state, batch).lower(
-          lowering_platforms=platforms)
+      target = "gpu" if platforms[0] in ("cuda", "rocm") else platforms[0]
+      with kernels.auto.target_platform(target):
+        return self._train_step.trace(self.abstract_state, batch).lower(
+            lowering_platforms=platforms)
 
   def grads(self, state: State, batch: Batch):
     """(grads, mean loss) of one step without updating: for the sharding-equality tests."""
