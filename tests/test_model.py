@@ -118,12 +118,14 @@ def test_shared_diff_default_init_starts_at_diff_v1_logit_scale():
 def test_scanned_and_unrolled_blocks_compute_the_same_model(variant):
   """model.layer_loop changes how the blocks run, not what they compute or how their parameters
   are stored: one set of stacked parameters gives the same loss and gradients both ways (to
-  float32 rounding), and only the scanned program loops."""
+  float32 rounding), and the same KV-cache decoding; only the scanned program loops."""
   spec = dataclasses.replace(tiny(variant), num_layers=3)
   tok = jax.random.randint(jax.random.key(5), (2, T), 0, 97)
-  graphs, results = {}, {}
+  graphs, results, decoded = {}, {}, {}
   for loop in ("scan", "unroll"):
     m = build_model(dataclasses.replace(spec, layer_loop=loop), nnx.Rngs(0))
+    _, cache = m.prefill(tok[:, :8], T)
+    decoded[loop] = m.decode(tok[:, 8:10], cache)[0]
     graphs[loop], param_variables, constants = split_params(m)
     params, rest = nnx.to_pure_dict(param_variables), nnx.to_pure_dict(constants)  # a state's
 
@@ -134,6 +136,7 @@ def test_scanned_and_unrolled_blocks_compute_the_same_model(variant):
     results[loop] = jax.jit(jax.value_and_grad(loss))(params, rest)
     text = jax.jit(loss).lower(params, rest).as_text()
     assert ("stablehlo.while" in text) == (loop == "scan"), loop
+  np.testing.assert_allclose(decoded["scan"], decoded["unroll"], rtol=1e-5, atol=1e-5)
   (loss_scan, grads_scan), (loss_unroll, grads_unroll) = results["scan"], results["unroll"]
   assert jax.tree.structure(grads_scan) == jax.tree.structure(grads_unroll)
   np.testing.assert_allclose(float(loss_scan), float(loss_unroll), rtol=1e-6)

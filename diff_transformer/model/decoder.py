@@ -162,8 +162,8 @@ class Decoder(nnx.Module):
                                              start_B, advance_B, mask_BTS)
       return (x_BTD, k, v, layer + 1), conv_state
 
-    (x_BTD, k, v, _), conv = nnx.scan(body, in_axes=(nnx.Carry, 0, 0),
-                                      out_axes=(nnx.Carry, 0))(
+    (x_BTD, k, v, _), conv = nnx.scan(body, in_axes=(nnx.Carry, 0, 0), out_axes=(nnx.Carry, 0),
+                                      unroll=unrolled(self.spec))(
         (x_BTD, cache.k, cache.v, jnp.int32(0)), self.blocks, cache.conv)
     return self._logits(x_BTD), kv_cache.KVCache(k=k, v=v, conv=conv,
                                                  lengths=start_B + advance_B)

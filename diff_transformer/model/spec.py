@@ -40,10 +40,11 @@ class ModelSpec:
   max_segments: int = MAX_SEGMENTS
   dtype: str = "float32"  # compute dtype; parameters, softmax and norm statistics stay float32
   remat: str = "none"
-  # How the blocks run: "scan" (one compiled block looped over the stacked layers: compiles
-  # once, whatever the depth), "unroll" (each layer its own code: on CPU a scanned step took
-  # 1.13-1.25x an unrolled one at 2-4 layers, benchmarks/results/layer_loop_cpu.json) or "auto"
-  # (unroll on CPU, scan elsewhere). The parameters are stacked either way.
+  # How the blocks run (a forward and KV-cache decoding): "scan" (one compiled block looped
+  # over the stacked layers: compiles once, whatever the depth), "unroll" (each layer its own
+  # code: on CPU a scanned train step took 1.13-1.25x an unrolled one at 2-4 layers,
+  # benchmarks/results/layer_loop_cpu.json) or "auto" (unroll on CPU, scan elsewhere). The
+  # parameters are stacked either way.
   layer_loop: str = "auto"
   init_std: float = 0.02
   # Short causal depthwise convolution of this width on every block's attention input
