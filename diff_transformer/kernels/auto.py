@@ -31,8 +31,9 @@ _TARGETS: list[str] = []  # innermost target_platform last
 
 @contextlib.contextmanager
 def target_platform(platform: str):
-  """Inside: 'auto' chooses for `platform` instead of the default backend (a program traced
-  here runs elsewhere, e.g. an ahead-of-time TPU compile on a CPU host)."""
+  """Inside: every 'auto' (model.kernel, model.layer_loop) chooses for `platform` instead of the
+  default backend (a program traced here runs elsewhere, e.g. an ahead-of-time TPU compile on a
+  CPU host). Trace a fresh jitted function here: jax's trace cache does not see the target."""
   _TARGETS.append(platform)
   try:
     yield
