@@ -162,10 +162,11 @@ def tuned_values(result: dict, root: Path) -> list[str]:
   for name, c in tuned.items():
     for value, cell in c["candidates"].items():
       d = grid["decisions"].get(cell) or {}
+      got = plots.grid_mean(grid, cell)
       state = ("**chosen**" if value == c["value"] and final(c) else
+               "not run yet" if got is None and not d.get("complete") else
                "grid not finished: provisional" if not d.get("complete") else
                "complete" if value in c["scores"] else "no working lr")
-      got = plots.grid_mean(grid, cell)
       rows.append([name, value, cell, f"{d['chosen']:g}" if d.get("chosen") else "-",
                    num(got[1] if got else None, 4), state])
     states.append(f"- `{name}`: " + (
