@@ -60,6 +60,7 @@ def test_loss_falls_on_default_corpus(variant, tmp_path):
   [flops] = [r for r in rows if r["kind"] == "flops"]
   assert flops["peak_tflops_per_device"] > 0 and flops["peak_source"].startswith("measured")
   assert flops["kernel"] == "xla" and flops["executed_flops_per_step"] > 0
+  assert flops["layer_loop"] == "unroll"  # model.layer_loop auto, on CPU
   if entry(variant).logs_lambda:
     assert {"lambda/l0", "lambda/l1", "lambda/mean", "lambda/min", "lambda/max"} <= keys
   assert list((tmp_path / "tb").glob("events.out.tfevents.*"))

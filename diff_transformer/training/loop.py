@@ -17,6 +17,7 @@ import jax
 import ml_collections
 
 from diff_transformer import data, provenance
+from diff_transformer.model.decoder import unrolled
 from diff_transformer.model.spec import ModelSpec
 from diff_transformer.runs.folder import RunFolder
 from diff_transformer.training.opening import Run, open_alone
@@ -67,7 +68,8 @@ def start_logging(run: Run, bar: bool = True) -> tuple[MetricsLogger, RateWindow
                       peak_tflops * 1e12 * jax.device_count())
   logger = MetricsLogger(run.workdir, t.steps, run.start, bar=bar)
   logger.write(run.start, dict(peak_tflops_per_device=peak_tflops, peak_source=peak_source,
-                               kernel=kernel, model_flops_per_step=flops_per_step,
+                               kernel=kernel, layer_loop="unroll" if unrolled(spec) else "scan",
+                               model_flops_per_step=flops_per_step,
                                executed_flops_per_step=window.executed_flops), kind="flops")
   logger.print(f"# {config.model.variant} on mesh {dict(run.mesh.shape)} ({jax.device_count()} "
                f"{jax.devices()[0].platform} devices, {jax.process_count()} processes); "
