@@ -189,8 +189,10 @@ def nvidia_smi() -> dict:
 def model_config(run: StageRun, variant: str, *, seq_len: int, batch: int, kernel: str):
   """The model stages' config: the preset options.size names, its depth cut to
   options.train_layers (0: full depth), options.remat; on CPU a small config."""
-  if run.cpu:
-    return small_config(variant, seq_len=seq_len, batch=batch, kernel=kernel)
+  if run.cpu:  # the loop a GPU runs (model.layer_loop 'auto' scans there), at a small size
+    c = small_config(variant, seq_len=seq_len, batch=batch, kernel=kernel)
+    c.model.layer_loop = "scan"
+    return c
   o = run.options
   c = paper_config(variant, seq_len=seq_len, batch=batch, layers=o.train_layers,
                    kernel=kernel, size=o.size)
