@@ -6,7 +6,7 @@ round after round), each round's ratio is scan / unroll in that round, reported 
 range; the loss after `--check_steps` steps from one state shows how far the two loops' float32
 results drift apart. Writes benchmarks/results/layer_loop_cpu.json.
 
-  JAX_PLATFORMS=cpu taskset -c 1 python benchmarks/layer_loop.py       # about 5 min on one core
+  JAX_PLATFORMS=cpu taskset -c 1 python benchmarks/layer_loop.py       # on one core
   JAX_PLATFORMS=cpu python benchmarks/layer_loop.py --variants=transformer --layers=2 --rounds=2
 """
 from __future__ import annotations
@@ -68,7 +68,7 @@ def main(argv: list[str]) -> int:
                  default=str(ROOT / "benchmarks" / "results" / "layer_loop_cpu.json"))
   args = p.parse_args(argv)
   settings = [(v, int(n)) for v in args.variants.split(",") for n in args.layers.split(",")]
-  trainers, calls, states, drifts, compile_s = {}, {}, {}, {}, {}
+  calls, states, drifts, compile_s = {}, {}, {}, {}
   for variant, layers in settings:
     pair = {loop: trainer_for(variant, layers, loop) for loop in LOOPS}
     config = pair["scan"].config
@@ -76,7 +76,7 @@ def main(argv: list[str]) -> int:
         config.train.global_batch_size, config.data.seq_len, config.model.vocab_size))
     for loop, trainer in pair.items():
       key = (variant, layers, loop)
-      trainers[key], states[key] = trainer, trainer.init(0)
+      states[key] = trainer.init(0)
       start = time.perf_counter()
       states[key], metrics = trainer.train_step(states[key], batch)
       jax.block_until_ready(metrics)

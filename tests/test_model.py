@@ -121,15 +121,15 @@ def test_scanned_and_unrolled_blocks_compute_the_same_model(variant):
   float32 rounding), and the same KV-cache decoding; only the scanned program loops."""
   spec = dataclasses.replace(tiny(variant), num_layers=3)
   tok = jax.random.randint(jax.random.key(5), (2, T), 0, 97)
-  graphs, results, decoded = {}, {}, {}
+  results, decoded = {}, {}
   for loop in ("scan", "unroll"):
     m = build_model(dataclasses.replace(spec, layer_loop=loop), nnx.Rngs(0))
     _, cache = m.prefill(tok[:, :8], T)
     decoded[loop] = m.decode(tok[:, 8:10], cache)[0]
-    graphs[loop], param_variables, constants = split_params(m)
+    graph, param_variables, constants = split_params(m)
     params, rest = nnx.to_pure_dict(param_variables), nnx.to_pure_dict(constants)  # a state's
 
-    def loss(params, rest, graph=graphs[loop]):
+    def loss(params, rest, graph=graph):
       logits = nnx.merge(graph, params, rest)(tok[:, :-1])
       return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), tok[:, 1:, None], -1))
 

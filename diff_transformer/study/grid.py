@@ -114,6 +114,19 @@ def tune(study: Study, run_points: Callable[[list[str]], dict[str, dict]], floor
               chosen={c: d["chosen"] for c, d in decisions.items()})
 
 
+def at_chosen_lr(grid: dict, cell: str) -> tuple[float, float, list[float]] | None:
+  """(the chosen lr, the grid seeds' mean there, each seed's value) of one cell of lr_grid.json,
+  in the table's own terms (steps to the level, or the grid metric); None before a choice or
+  with no finished run there."""
+  lr = (grid["decisions"].get(cell) or {}).get("chosen")
+  if lr is None:
+    return None
+  runs = grid["table"].get(cell, {}).get(f"{lr:g}", {}).values()
+  values = [float(r["steps"] if "steps" in r else r[grid["metric"]])
+            for r in runs if r and not r.get("failed")]
+  return (float(lr), float(np.mean(values)), values) if values else None
+
+
 def _primary(study: Study, record: dict | None) -> dict | None:
   """A grid run's cell in the table: the primary (steps to the level, or final loss), whether it
   was reached, and the final loss."""

@@ -9,6 +9,7 @@ from typing import Sequence
 
 from diff_transformer.study import plots
 from diff_transformer.study.cells import num, plural, table
+from diff_transformer.study.grid import at_chosen_lr
 from diff_transformer.study.tuning import final
 
 
@@ -162,7 +163,7 @@ def tuned_values(result: dict, root: Path) -> list[str]:
   for name, c in tuned.items():
     for value, cell in c["candidates"].items():
       d = grid["decisions"].get(cell) or {}
-      got = plots.grid_mean(grid, cell)
+      got = at_chosen_lr(grid, cell)
       state = ("**chosen**" if value == c["value"] and final(c) else
                "not run yet" if got is None and not d.get("complete") else
                "grid not finished: provisional" if not d.get("complete") else

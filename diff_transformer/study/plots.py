@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from diff_transformer.evaluation import common, floors
+from diff_transformer.study.grid import at_chosen_lr
 from diff_transformer.study.named import number_or_none
 
 
@@ -166,16 +167,6 @@ def pairs(result: dict, path: Path) -> str:
   return common.save_figure(fig, path)
 
 
-def grid_mean(grid: dict, cell: str) -> tuple[float, float, list[float]] | None:
-  """(its chosen lr, the grid seeds' mean grid metric there, each seed's) of one grid cell."""
-  lr = (grid["decisions"].get(cell) or {}).get("chosen")
-  if lr is None:
-    return None
-  runs = grid["table"].get(cell, {}).get(f"{lr:g}", {})
-  values = [float(r[grid["metric"]]) for r in runs.values() if not r.get("failed")]
-  return (float(lr), float(np.mean(values)), values) if values else None
-
-
 def tuned_values(result: dict, path: Path) -> str:
   """Each tuned cell's grid score against its value (log axis), every grid seed faint, the mean
   bold (hollow while that value's lr grid is not finished), the best value starred; a value off
@@ -187,7 +178,7 @@ def tuned_values(result: dict, path: Path) -> str:
     on_axis: list[tuple[float, str, tuple[float, float, list[float]]]] = []
     off_axis: list[tuple[str, tuple[float, float, list[float]]]] = []
     for value, cell in c["candidates"].items():
-      got = grid_mean(grid, cell)
+      got = at_chosen_lr(grid, cell)
       x = number_or_none(value)
       x = c["rule_at"] if x is None else x
       if got is not None and x is not None:
