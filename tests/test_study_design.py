@@ -182,6 +182,19 @@ def test_the_grid_table_shows_the_metric_the_grid_chose_by():
   old = dict(grid, metric="final_loss")
   text = "\n".join(opening.lr_grid(dict(lr_grid=old, study=dict(primary="final_loss"))))
   assert "| diff | 1000 | 1.7000 | 1.6000 |" in text and "training-time eval rows" in text
+  assert "train_seconds" not in text  # no run carries its time: no cost line
+
+
+def test_the_grid_section_states_its_runs_own_training_time():
+  timed = lambda loss, seconds: dict(final_loss=loss, loss=loss, val_accuracy=0.5,
+                                     train_seconds=seconds)
+  grid = dict(lrs=[2e-3, 4e-3], seeds=[1000, 1001], steps=10, metric="loss", floor=float("nan"),
+              table={"diff": {"0.002": {"1000": timed(1.6, 300.0), "1001": timed(1.6, 420.0)},
+                              "0.004": {"1000": timed(1.7, 600.0), "1001": dict(failed="nan")}}},
+              decisions={"diff": dict(chosen=2e-3, bracketed=True, untuned=False)})
+  text = "\n".join(opening.lr_grid(dict(lr_grid=grid, study=dict(primary="loss"))))
+  assert "The 3 grid runs' own training time (`train_seconds`): median 7.0 min, summed 0.4 h." \
+      in text
 
 
 def test_still_rising_counts_the_headroom_and_the_level():

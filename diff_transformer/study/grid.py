@@ -134,7 +134,8 @@ def _primary(study: Study, record: dict | None) -> dict | None:
     return None
   if record.get("failed"):
     return dict(failed=record["failed"])
-  out = dict(final_loss=record["final_loss"], val_accuracy=record.get("val_accuracy"))
+  out = dict(final_loss=record["final_loss"], val_accuracy=record.get("val_accuracy"),
+             train_seconds=record.get("train_seconds"))
   if study.grid_metric != "final_loss":
     out[study.grid_metric] = record[study.grid_metric]
   if record.get("tail_fall") is not None:  # text: the share of its fall made in the last 20%

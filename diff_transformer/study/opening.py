@@ -4,6 +4,7 @@ how to read the tables, the lr grid and the tuned settings."""
 from __future__ import annotations
 
 import math
+import statistics
 from pathlib import Path
 from typing import Sequence
 
@@ -113,6 +114,16 @@ def _grid_metric_note(metric: str, primary: str) -> str:
           "lrs differently, so an lr chosen here is the best by the grid's metric.")
 
 
+def _grid_cost(grid: dict) -> str:
+  """The grid runs' own training time, from their records (reused ones as first measured)."""
+  seconds = [c["train_seconds"] for by_lr in grid["table"].values() for by_seed in by_lr.values()
+             for c in by_seed.values() if c and c.get("train_seconds") is not None]
+  if not seconds:
+    return ""
+  return (f" The {len(seconds)} grid runs' own training time (`train_seconds`): median "
+          f"{statistics.median(seconds) / 60:.1f} min, summed {sum(seconds) / 3600:.1f} h.")
+
+
 def _grid_cell(cell: dict | None, budget: int, metric: str) -> str:
   if cell is None:
     return "-"
@@ -148,7 +159,8 @@ def lr_grid(result: dict) -> list[str]:
   return ([f"## Learning rate per variant ({grid['steps']}-step budget, grid seeds "
            f"{grid['seeds']}, which no compared run uses; judged by `{grid['metric']}`)", "",
            f"Each cell: {what}; '-': not run (outside this variant's grid)."
-           + _grid_metric_note(grid["metric"], result["study"]["primary"])] + [""] +
+           + _grid_metric_note(grid["metric"], result["study"]["primary"])
+           + _grid_cost(grid)] + [""] +
           table(["variant", "seed"] + [f"lr {lr:g}" for lr in lrs] +
                  ["chosen", "bracketed", "untuned"], rows) + [""])
 
