@@ -20,6 +20,7 @@ cli.default_platform()
 from absl import flags, logging  # noqa: E402
 
 from diff_transformer import params  # noqa: E402
+from diff_transformer.children import die_with_driver  # noqa: E402
 from diff_transformer.errors import ConfigError, TrainError  # noqa: E402
 from diff_transformer.files import read_json  # noqa: E402
 from diff_transformer.mesh import request_determinism  # noqa: E402
@@ -73,6 +74,7 @@ def population(path: str) -> None:
 
 def main(argv):
   del argv
+  die_with_driver()  # a study's or sweep's child stops (and saves) when its driver dies
   logging.set_verbosity(logging.WARNING)  # orbax logs every save step at INFO
   if FLAGS.population:
     population(FLAGS.population)

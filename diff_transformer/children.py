@@ -20,15 +20,23 @@ from diff_transformer.paths import write_atomic
 from diff_transformer.runs.folder import RunFolder
 
 POPULATIONS = "populations"  # <root>/populations/<name>.json: a population child's members
+DRIVER_PID = "DIFF_TRANSFORMER_DRIVER_PID"  # a child's environment: the driver it stops with
 LOCK_WAIT_S = 120  # a child stopped by its driver's death saves and exits within this
 
 
-def _die_with_parent() -> None:
-  """In the child before exec: SIGTERM when the parent dies (train.py then saves and exits)."""
+def die_with_driver() -> None:
+  """A child's first step: SIGTERM when its driver dies (train.py then saves and exits), at once
+  if the driver is already gone. Set here, not between fork and exec in the driver: JAX's
+  threads run there, and Python code in a forked copy of them can deadlock."""
+  driver = os.environ.pop(DRIVER_PID, "")  # popped: this child's own children are not a driver's
+  if not driver:
+    return
   try:
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
   except (OSError, AttributeError):  # not Linux: the child outlives a killed driver
-    pass
+    return
+  if os.getppid() != int(driver):  # the driver died before the line above took hold
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def wait_for_workdir(workdir: str, seconds: float = LOCK_WAIT_S) -> None:
@@ -56,12 +64,13 @@ def start_child(cmd: list[str], workdirs: list[str], log_path: Path, core: int |
   pinned to one CPU core when `core` is given (XLA then sizes its thread pool to that core)."""
   for workdir in workdirs:
     wait_for_workdir(workdir)
-  def preexec() -> None:
-    _die_with_parent()
-    if core is not None:
-      os.sched_setaffinity(0, {core})
   log = open(log_path, "a")
-  return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=preexec), log
+  proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                          env=dict(os.environ, **{DRIVER_PID: str(os.getpid())}))
+  if core is not None:  # a fresh interpreter, one thread yet: every thread it starts inherits it
+    with contextlib.suppress(ProcessLookupError):
+      os.sched_setaffinity(proc.pid, {core})
+  return proc, log
 
 
 @contextlib.contextmanager

@@ -178,3 +178,51 @@ def test_a_run_finished_before_the_call_is_recorded_before_any_child_starts(tmp_
     launch.run(study, str(file), str(tmp_path / "root"), points=[done, todo],
                on_done=lambda p, w: recorded.append(p))
   assert recorded == [done]
+
+
+CHILD = """
+import os, sys, time
+from diff_transformer.children import DRIVER_PID, die_with_driver
+die_with_driver()
+print(sorted(os.sched_getaffinity(0)), DRIVER_PID in os.environ, flush=True)
+time.sleep(DEADLINE)
+"""
+
+DRIVER = """
+import sys
+from pathlib import Path
+import jax  # the driver runs JAX's threads when it starts a child
+from diff_transformer.children import start_child
+jax.numpy.zeros(2).block_until_ready()
+proc, log = start_child([sys.executable, "-c", sys.argv[1]], [], Path(sys.argv[2]), core=0)
+print(proc.pid, flush=True)
+proc.wait()
+"""
+
+
+def _alive(pid: int) -> bool:
+  try:  # a child reparented to a container's init may stay a zombie: dead all the same
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in "ZX"
+  except FileNotFoundError:
+    return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_child_is_pinned_stops_with_its_killed_driver_and_runs_no_python_before_exec(tmp_path):
+  """The driver (with JAX's threads running) starts a child on core 0; no Python runs between
+  fork and exec (JAX warns of a deadlock when it does); SIGKILL to the driver stops the child. A
+  child whose driver is gone before it could ask to stop with it stops at once."""
+  log, program = tmp_path / "child.log", tmp_path / "driver.py"
+  program.write_text(DRIVER)
+  driver = start(str(program), CHILD.replace("DEADLINE", str(DEADLINE_S)), str(log))
+  child = int(driver.stdout.readline())
+  wait_until(lambda: log.exists() and log.read_text().strip(), "the child's first line")
+  assert log.read_text().strip() == "[0] False"  # pinned; the variable not passed further down
+  driver.kill()
+  _, err = driver.communicate(timeout=DEADLINE_S)
+  assert "fork" not in err, err[-2000:]
+  wait_until(lambda: not _alive(child), "the child to stop with its driver")
+  gone = {**os.environ, "PYTHONPATH": str(ROOT), "DIFF_TRANSFORMER_DRIVER_PID": "1"}
+  orphan = subprocess.run([sys.executable, "-c", CHILD.replace("DEADLINE", "0")], cwd=ROOT,
+                          env=gone, capture_output=True, text=True, timeout=DEADLINE_S)
+  assert orphan.returncode == -signal.SIGTERM and not orphan.stdout, orphan.stderr[-2000:]
