@@ -28,8 +28,9 @@ cli.default_platform()
 
 from absl import flags, logging  # noqa: E402
 
-from diff_transformer.errors import ConfigError  # noqa: E402
-from diff_transformer.study import invocations, markdown, runner, study_json, tuning  # noqa: E402
+from diff_transformer.errors import ConfigError, Stopped  # noqa: E402
+from diff_transformer.study import (invocations, markdown, records, runner,  # noqa: E402
+                                    study_json, tuning)
 from diff_transformer import launch  # noqa: E402
 
 flags.DEFINE_string("study", "configs/studies/retrieval.py", "Study file (defines STUDY).")
@@ -76,7 +77,7 @@ def main(argv):
   del argv
   launch.stop_on_sigterm()
   logging.set_verbosity(logging.WARNING)
-  start = time.perf_counter()
+  start, started = time.perf_counter(), time.time()
   # The whole file's points, also when running --quick; the design of what runs, below.
   study = cli.load_definition(FLAGS.study, "study", "STUDY").validate(design=False)
   if FLAGS.quick:
@@ -92,9 +93,15 @@ def main(argv):
     held_flags = {root: "--root"} | ({results: "--results"} if results != root else {})
     for folder, flag in held_flags.items():
       held.enter_context(launch.holding(folder, "study.py", flag))
-    status, grid = runner.run(study, FLAGS.study, root, results, jobs=FLAGS.jobs,
-                              train=not FLAGS.report_only, retrain=FLAGS.retrain_changed,
-                              population=population)
+    try:
+      status, grid = runner.run(study, FLAGS.study, root, results, jobs=FLAGS.jobs,
+                                train=not FLAGS.report_only, retrain=FLAGS.retrain_changed,
+                                population=population)
+    except Stopped:  # a part of a study run in parts: its time and runs are counted too
+      if not FLAGS.report_only:
+        invocations.record_invocation(results, command(), time.perf_counter() - start,
+                                      records.trained_since(results, started), "SIGTERM")
+      raise
     study = tuning.resolve(study, grid)  # tuned cells as the grid chose them
     runs = runner.collect(study, results, grid)
     missing = [p for p in study.points() if p not in {r["point"] for r in runs}]

@@ -108,6 +108,9 @@ def test_study_survives_kills_in_children_and_in_evaluation_and_names_a_failed_c
   assert [r["point"] for r in data["runs"]] == ["transformer-s0"]
   assert all(r["steps"] == 4 for r in data["runs"])  # finished runs only, each exactly once
   assert data["missing"] == ["diff_v2-s0"]
+  # The SIGTERM-stopped part is counted with the one that finished (the SIGKILLed ones cannot be).
+  assert [c.get("stopped_by") for c in data["study"]["invocations"]] == ["SIGTERM", None]
+  assert "stopped by SIGTERM)" in (root / "report.md").read_text()
 
 
 @pytest.mark.long

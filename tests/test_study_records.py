@@ -84,6 +84,18 @@ def test_report_only_on_damaged_records_keeps_the_provenance_and_names_its_rebui
   assert "This report was rebuilt from the run records" in (results / "report.md").read_text()
 
 
+def test_a_stopped_part_counts_the_finished_runs_it_recorded(tmp_path):
+  import time
+  setting, since = dict(x=1), time.time()
+  records.write(tmp_path, "diff-s0", dict(variant="diff", seed=0), setting)
+  os.utime(records.path(tmp_path, "diff-s0"), (since - 60, since - 60))  # an earlier part's
+  records.write(tmp_path, "diff-s1", dict(variant="diff", seed=1), setting)
+  records.write(tmp_path, "diff-lr0.001-s1000", dict(lr=1e-3, seed=1000), setting, grid=True)
+  records.write(tmp_path, "diff-s2", dict(variant="diff", seed=2, failed="diverged"), setting)
+  assert records.trained_since(tmp_path, since) == 2  # a failure is no trained run
+  assert records.trained_since(tmp_path, time.time() + 1) == 0
+
+
 def test_a_refusal_names_the_real_holder_and_flag(tmp_path):
   root, results = tmp_path / "root", tmp_path / "results"
   root.mkdir(), results.mkdir()

@@ -17,18 +17,18 @@ from diff_transformer.paths import write_atomic
 def provenance(root: Path, command: str, seconds: float, trained: int, rebuild: bool) -> dict:
   """What study.json says about where its runs come from. An invocation that may train appends
   itself to <root>/invocations.jsonl and names this machine; a rebuild from the records
-  (--report_only) changes neither: it keeps the command, wall time and machine of the study.json
-  it replaces and names itself apart, under `rebuilt`."""
+  (--report_only) changes neither: it keeps the command, wall time and machine of the newest
+  training invocation (else of the study.json it replaces) and names itself apart, `rebuilt`."""
   if not rebuild:
     calls = record_invocation(root, command, seconds, trained)
     return dict(command=calls[-1]["command"], wall_seconds=calls[-1]["wall_seconds"],
                 invocations=calls, machine=this_machine())
   calls = read_invocations(root)
   before = _previous_study(root)
-  last = calls[-1] if calls else dict(command="not recorded", wall_seconds=0.0)
-  return dict(command=before.get("command", last["command"]),
-              wall_seconds=before.get("wall_seconds", last["wall_seconds"]), invocations=calls,
-              machine=before.get("machine", "not recorded"),
+  last = calls[-1] if calls else before  # the newest training invocation, stopped ones too
+  return dict(command=last.get("command", "not recorded"),
+              wall_seconds=last.get("wall_seconds", 0.0), invocations=calls,
+              machine=last.get("machine", before.get("machine", "not recorded")),
               rebuilt=dict(command=command, machine=this_machine(),
                            time=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())))
 
@@ -52,12 +52,15 @@ def read_invocations(root: Path) -> list[dict]:
   return read_jsonl(path, UserError, "study invocations") if path.is_file() else []
 
 
-def record_invocation(root: Path, command: str, seconds: float, trained: int) -> list[dict]:
+def record_invocation(root: Path, command: str, seconds: float, trained: int,
+                      stopped_by: str = "") -> list[dict]:
   """Adds this invocation to <root>/invocations.jsonl (rewritten whole, atomically) and returns
-  them all: a study resumed over several invocations reports the time each took."""
+  them all: a study run in parts (each part stopped by `stopped_by`, SIGTERM) or resumed over
+  several invocations reports the time each took."""
   root.mkdir(parents=True, exist_ok=True)
-  calls = read_invocations(root) + [dict(command=command, wall_seconds=round(seconds, 1),
-                                         trained=trained, finished=round(time.time()))]
+  call = dict(command=command, wall_seconds=round(seconds, 1), trained=trained,
+              finished=round(time.time()), machine=this_machine())
+  calls = read_invocations(root) + [dict(call, stopped_by=stopped_by) if stopped_by else call]
   write_atomic(root / "invocations.jsonl", "".join(json.dumps(c) + "\n" for c in calls))
   return calls
 

@@ -97,9 +97,10 @@ def header(result: dict, first: Sequence[str] = ()) -> list[str]:
     lines += [f"This report was rebuilt from the run records ({r['time']}, {r['machine']}: "
               f"`{r['command']}`); the runs and the lines above are the training invocations'."]
   calls = info.get("invocations") or []
-  if len(calls) > 1:  # a resumed study: finished runs were skipped by the later invocations
+  if len(calls) > 1 or any(c.get("stopped_by") for c in calls):  # a study run in parts
     lines += ["Invocations on this root, in order: " + "; ".join(
-        f"{c['wall_seconds'] / 60:.1f} min ({c['trained']} runs trained)" for c in calls) + "."]
+        f"{c['wall_seconds'] / 60:.1f} min ({c['trained']} runs trained"
+        + (f", stopped by {c['stopped_by']})" if c.get("stopped_by") else ")") for c in calls) + "."]
   lines += [""]
   if result["missing"]:
     lines += [f"**Not in the tables** (failed or unfinished): {', '.join(result['missing'])}.", ""]

@@ -44,6 +44,14 @@ def write(results: Path, point: str, record: dict, setting: dict, grid: bool = F
   return record
 
 
+def trained_since(results: Path, since: float) -> int:
+  """How many finished runs (grid ones included, failures not) were recorded at or after `since`
+  (time.time()): what a stopped invocation trained."""
+  found = [p for p in (Path(results) / RECORDS).rglob("*.json") if p.stat().st_mtime >= since]
+  return sum(1 for p in found if (r := _load(p, p.parent.name == GRID, quiet=True))
+             and not r.get("failed"))
+
+
 def read(results: Path, point: str, setting: dict, grid: bool = False) -> dict | None:
   """The point's record if there is one for exactly this setting (runs.record.setting of the
   config the point would train with), else None."""
