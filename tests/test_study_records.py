@@ -76,6 +76,9 @@ def test_report_only_on_damaged_records_keeps_the_provenance_and_names_its_rebui
                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
   assert proc.stdout.count("damaged record") == len(study.points()), proc.stdout[-2000:]
+  # no grid record: the grid's first round and every compared run (waiting for its lr) are left
+  assert ("Left to train: 4 grid runs in the grid's next round (more where a grid grows) and 4 "
+          "compared runs.") in proc.stdout, proc.stdout[-2000:]
   assert (results / "invocations.jsonl").read_text() == invocations
   info = json.loads((results / "study.json").read_text())["study"]
   assert info["machine"] == "the training machine"
@@ -94,6 +97,18 @@ def test_a_stopped_part_counts_the_finished_runs_it_recorded(tmp_path):
   records.write(tmp_path, "diff-s2", dict(variant="diff", seed=2, failed="diverged"), setting)
   assert records.trained_since(tmp_path, since) == 2  # a failure is no trained run
   assert records.trained_since(tmp_path, time.time() + 1) == 0
+
+
+def test_what_is_left_to_train_is_timed_at_the_records_median_run():
+  from configs.studies import lm_tuned
+  from diff_transformer.study import runner
+  status = {"diff@scale0.1-lr0.00119-s1000": runner.REPORT_ONLY,
+            "diff@scale0.1-lr0.00178-s1000": "recorded", "diff@tuned-s0": runner.WAITING,
+            "transformer@1-s0": runner.REPORT_ONLY}
+  assert runner.left_to_train(lm_tuned.STUDY, status, [300.0, 600.0, 900.0], jobs=2) == (
+      "Left to train: 1 grid run in the grid's next round (more where a grid grows) and 2 "
+      "compared runs; at the records' median of 10.0 min a run, about 0.5 h of run time "
+      "(0.2 h at --jobs=2).")
 
 
 def test_a_refusal_names_the_real_holder_and_flag(tmp_path):

@@ -77,11 +77,20 @@ def _how_to_read(info: dict) -> list[str]:
   return lines + [""]
 
 
+def train_seconds(result: dict) -> tuple[list[float], list[float]]:
+  """The compared runs' and the grid runs' own training times, from their records (a reused
+  grid record's as first measured)."""
+  grid = (result.get("lr_grid") or {}).get("table", {})
+  cells = [c for by_lr in grid.values() for by_seed in by_lr.values() for c in by_seed.values()]
+  return ([r["train_seconds"] for r in result.get("runs", ())
+           if r["train_seconds"] is not None and math.isfinite(r["train_seconds"])],
+          [c["train_seconds"] for c in cells if c and c.get("train_seconds") is not None])
+
+
 def header(result: dict, first: Sequence[str] = ()) -> list[str]:
   """Title, the limits, `first` (more first lines), the setting and how to read the tables."""
   info = result["study"]
-  minutes = sum(r["train_seconds"] for r in result["runs"]
-                if r["train_seconds"] is not None and math.isfinite(r["train_seconds"])) / 60
+  minutes = sum(train_seconds(result)[0]) / 60
   setting = (f"Task `{info['task']}` {info.get('task_params', '')}" if "task_params" in info
              else f"Text corpus `{info['task']}`"
              + (f", sizes {info['sizes']}" if info["sizes"] else ", one size"))
@@ -115,10 +124,8 @@ def _grid_metric_note(metric: str, primary: str) -> str:
           "lrs differently, so an lr chosen here is the best by the grid's metric.")
 
 
-def _grid_cost(grid: dict) -> str:
-  """The grid runs' own training time, from their records (reused ones as first measured)."""
-  seconds = [c["train_seconds"] for by_lr in grid["table"].values() for by_seed in by_lr.values()
-             for c in by_seed.values() if c and c.get("train_seconds") is not None]
+def _grid_cost(result: dict) -> str:
+  seconds = train_seconds(result)[1]
   if not seconds:
     return ""
   return (f" The {len(seconds)} grid runs' own training time (`train_seconds`): median "
@@ -161,7 +168,7 @@ def lr_grid(result: dict) -> list[str]:
            f"{grid['seeds']}, which no compared run uses; judged by `{grid['metric']}`)", "",
            f"Each cell: {what}; '-': not run (outside this variant's grid)."
            + _grid_metric_note(grid["metric"], result["study"]["primary"])
-           + _grid_cost(grid)] + [""] +
+           + _grid_cost(result)] + [""] +
           table(["variant", "seed"] + [f"lr {lr:g}" for lr in lrs] +
                  ["chosen", "bracketed", "untuned"], rows) + [""])
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import statistics
 from pathlib import Path
 
 from diff_transformer import launch
@@ -15,6 +16,7 @@ from diff_transformer.errors import ConfigError
 from diff_transformer.evaluation import floors
 from diff_transformer.paths import write_atomic
 from diff_transformer.study import pins, records, tuning
+from diff_transformer.study.cells import plural
 from diff_transformer.study.definition import Study
 from diff_transformer.study.points import COMPARED, GRID, PointKind
 from diff_transformer.runs.record import setting
@@ -35,7 +37,24 @@ def trained_floor(study: Study) -> float:
 # measured there; the studies' sub-million-parameter models leave a GPU nearly idle, so members
 # share its kernels and one compile.
 AUTO_POPULATION = {"cpu": 1}
+REPORT_ONLY = "not run (report only)"
+WAITING = "not run: its lr or tuned setting is not chosen yet (a grid is incomplete)"
 AUTO_POPULATION_ACCELERATOR = 8
+
+
+def left_to_train(study: Study, status: dict[str, str], seconds: list[float], jobs: int) -> str:
+  """What a report-only invocation found left to train: the grid's next round (a grid that grows
+  adds more) and every compared run without a record, timed at the records' median run."""
+  left = [p for p, why in status.items() if why in (REPORT_ONLY, WAITING)]
+  grid = sum(study.parse(p).lr is not None for p in left)
+  what = (f"Left to train: {plural(grid, 'grid run')} in the grid's next round (more where a "
+          f"grid grows) and {plural(len(left) - grid, 'compared run')}")
+  if not left or not seconds:
+    return what + "."
+  median = statistics.median(seconds)
+  hours = len(left) * median / 3600
+  return (f"{what}; at the records' median of {median / 60:.1f} min a run, about {hours:.1f} h "
+          f"of run time ({hours / jobs:.1f} h at --jobs={jobs}).")
 
 
 def population_size(text: str) -> int:
@@ -86,11 +105,11 @@ def run(study: Study, study_file: str, root: str | Path, results: str | Path | N
     study, grid = tuning.tune(study, run_grid, trained_floor(study))
     write_atomic(results / "lr_grid.json", json.dumps(grid, indent=1) + "\n")
   lrs = point_lrs(study, grid)
-  # every grid lr failed, or a tuned cell's setting is not chosen yet: nothing to train at
+  # every grid lr failed, or its lr or tuned setting is not chosen yet: nothing to train at
   skipped = [p for p in study.points() if grid and lrs[p] is None]
-  status.update({p: ("not run: its tuned setting is not chosen yet (a candidate's grid is "
-                     "incomplete)" if study.is_tuned(study.parse(p).variant) else
-                     "not run: every lr of its grid failed") for p in skipped})
+  status.update({p: (WAITING if study.is_tuned(study.parse(p).variant) or not grid["decisions"]
+                     .get(study.grid_cell(p), {}).get("complete", True)
+                     else "not run: every lr of its grid failed") for p in skipped})
   status.update(_run_points(study, COMPARED, study_file, root, results,
                             [p for p in study.points() if p not in skipped], jobs, train,
                             retrain, population, lrs=lrs))
@@ -114,7 +133,7 @@ def _run_points(study: Study, kind: PointKind, study_file: str, root: Path, resu
       print(f"{p}: {why}; not reused" + ("" if train else ", left out of the report"),
             flush=True)
   if not train:
-    return dict(status, **{p: "not run (report only)" for p in todo})
+    return dict(status, **{p: REPORT_ONLY for p in todo})
   configs = {p: study.resolved_config(p, lrs.get(p)) for p in todo}
   def on_done(point: str, workdir: str) -> None:
     kind.record(study, point, Path(workdir), results, configs[point], settings[point])
