@@ -31,7 +31,8 @@ Descriptive: each variant's loss against the scale at its own best lr (the grid'
 Reuse: the output-scale study's grid records for DIFF V1 at the rule and at 0.2 (judged by the
 primary, grid_by_primary, the same lr grid and grid seeds) are this study's `diff@scalerule` and
 `diff@scale0.2` grid records (copied under those names; a record is taken only for exactly the
-setting a point would train with). Its compared records are reused where the choice and lr match.
+setting a point would train with). Its compared records are reused where the choice and lr match
+(`reuse_from`: a point takes a record of that study trained under exactly its setting).
 
 Cost, estimated before any run from the output-scale study's 9.9-minute median 2-layer run (two
 children on 2 cores; a 4-layer run taken as 1.9x, 18.8 minutes):
@@ -80,6 +81,7 @@ STUDY = Study(
     ),
     primary="loss",
     grid_by_primary=True,
+    reuse_from=("docs/results/study_lm_scale",),
     **{**lm.SETTING_OPTIONS, "quick_lr_grid": (4e-3,)},  # --quick: one lr to choose scales on
     scope=("0.5M-parameter models (0.9M at 4 layers) on 4.1M bytes, where the context-free "
            "4-gram model scores 1.549 nats/byte; the DIFF paper tunes neither multiplier and "

@@ -4,6 +4,8 @@ reach p < 0.05 at the study's seeds. `study` is a definition.Study (which calls 
 its validate)."""
 from __future__ import annotations
 
+from pathlib import Path
+
 from diff_transformer.config import validate
 from diff_transformer.data import synthetic
 from diff_transformer.errors import ConfigError
@@ -117,6 +119,10 @@ def check(study, design: bool = True) -> None:
     raise ConfigError(f"study {study.name}: lr_grid must be positive, lr_grid_seeds "
                       f"{study.lr_grid_seeds} non-empty and none of the compared seeds, "
                       "lr_grid_extend >= 0")
+  gone = [f for f in study.reuse_from if not (Path(f) / "records").is_dir()]
+  if gone:
+    raise ConfigError(f"study {study.name}: reuse_from {gone}: no records/ folder there (a "
+                      "study's --results folder, relative to the working directory)")
   if study.lr_grid and list(study.lr_grid) != sorted(set(study.lr_grid)):
     raise ConfigError(f"study {study.name}: lr_grid must be increasing, got {study.lr_grid}")
   primary = study.design()["primary"]

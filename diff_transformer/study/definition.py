@@ -84,8 +84,7 @@ class Study:
   secondary: tuple[str, ...] = ()
   # A study whose primary family cannot reach p < 0.05 runs only when marked exploratory.
   exploratory: bool = False
-  # A steps_to_<level> primary: a run stops at the level (its secondaries measured there).
-  stop_at_level: bool = False
+  stop_at_level: bool = False  # a steps_to_<level> primary: a run stops at the level
   lr_grid: tuple[float, ...] = ()  # empty: every variant at its preset's lr
   lr_grid_steps: int = 0  # 0: the compared runs' steps (the full budget)
   lr_grid_seeds: tuple[int, ...] = (1000, 1001)
@@ -105,6 +104,7 @@ class Study:
   overrides: tuple[tuple[str, object], ...] = ()
   description: str = ""
   scope: str = ""  # what the study cannot speak to: among the report's first lines
+  reuse_from: tuple[str, ...] = ()  # other studies' --results folders (study/records.py: pool)
 
   def quick(self) -> "Study":
     return dataclasses.replace(self, name=f"{self.name}-quick", seeds=self.quick_seeds,

@@ -140,6 +140,8 @@ def _primary(study: Study, record: dict | None) -> dict | None:
     out[study.grid_metric] = record[study.grid_metric]
   if record.get("tail_fall") is not None:  # text: the share of its fall made in the last 20%
     out["tail_fall"] = record["tail_fall"]
+  if record.get("reused_from"):  # another study's record, of exactly this setting
+    out["reused_from"] = record["reused_from"]
   if study.level:
     out.update(steps=record["steps_to_level"], reached=record["reached"])
   return out

@@ -77,14 +77,30 @@ def _how_to_read(info: dict) -> list[str]:
   return lines + [""]
 
 
+def _grid_runs(result: dict) -> list[dict]:
+  grid = (result.get("lr_grid") or {}).get("table", {})
+  return [c for by_lr in grid.values() for by_seed in by_lr.values() for c in by_seed.values()
+          if c]
+
+
 def train_seconds(result: dict) -> tuple[list[float], list[float]]:
   """The compared runs' and the grid runs' own training times, from their records (a reused
-  grid record's as first measured)."""
-  grid = (result.get("lr_grid") or {}).get("table", {})
-  cells = [c for by_lr in grid.values() for by_seed in by_lr.values() for c in by_seed.values()]
+  record's as first measured)."""
   return ([r["train_seconds"] for r in result.get("runs", ())
            if r["train_seconds"] is not None and math.isfinite(r["train_seconds"])],
-          [c["train_seconds"] for c in cells if c and c.get("train_seconds") is not None])
+          [c["train_seconds"] for c in _grid_runs(result) if c.get("train_seconds") is not None])
+
+
+def _reused(result: dict) -> list[str]:
+  """Which records another study trained (study.reuse_from)."""
+  compared = [r["reused_from"] for r in result["runs"] if r.get("reused_from")]
+  grid = [c["reused_from"] for c in _grid_runs(result) if c.get("reused_from")]
+  if not compared and not grid:
+    return []
+  sources = sorted({name.split("/")[0] for name in compared + grid})
+  return [f"Reused: {plural(len(compared), 'compared run')} and {plural(len(grid), 'grid run')} "
+          f"are records of {', '.join(sources)}, each taken because it was trained under "
+          "exactly this point's setting (`reused_from` in the record)."]
 
 
 def header(result: dict, first: Sequence[str] = ()) -> list[str]:
@@ -110,7 +126,7 @@ def header(result: dict, first: Sequence[str] = ()) -> list[str]:
     lines += ["Invocations on this root, in order: " + "; ".join(
         f"{c['wall_seconds'] / 60:.1f} min ({c['trained']} runs trained"
         + (f", stopped by {c['stopped_by']})" if c.get("stopped_by") else ")") for c in calls) + "."]
-  lines += [""]
+  lines += _reused(result) + [""]
   if result["missing"]:
     lines += [f"**Not in the tables** (failed or unfinished): {', '.join(result['missing'])}.", ""]
   return lines + _how_to_read(info)

@@ -35,6 +35,7 @@ class PointKind(Protocol):
   folder: str  # its workdirs under the study root ("": the root itself)
 
   def read(self, study: Study, results: Path, point: str, setting: dict) -> dict | None: ...
+  def accepts(self, study: Study, record: dict) -> bool: ...
   def args(self, study: Study, point: str, lr: float | None) -> tuple[str, ...]: ...
   def record(self, study: Study, point: str, workdir: Path, results: Path, config,
              setting: dict) -> None: ...
@@ -53,9 +54,10 @@ class GridPoint:
     made before grid_by_primary lacks the whole-split loss, and its run is evaluated (or
     retrained where its workdir is gone)."""
     record = records.read(results, point, setting, grid=True)
-    if record is None or record.get("failed") or study.grid_metric in record:
-      return record
-    return None
+    return record if record is None or self.accepts(study, record) else None
+
+  def accepts(self, study: Study, record: dict) -> bool:
+    return bool(record.get("failed")) or study.grid_metric in record
 
   def args(self, study: Study, point: str, lr: float | None) -> tuple[str, ...]:
     return pins.grid_args(study, point)
@@ -80,6 +82,9 @@ class ComparedPoint:
 
   def read(self, study: Study, results: Path, point: str, setting: dict) -> dict | None:
     return records.read(results, point, setting)
+
+  def accepts(self, study: Study, record: dict) -> bool:
+    return not record.get("failed")
 
   def args(self, study: Study, point: str, lr: float | None) -> tuple[str, ...]:
     return (pins.lr_args(study, point, lr) if lr is not None else ()) + pins.tuned_args(study,

@@ -16,7 +16,7 @@ import json
 import os
 import time
 from pathlib import Path
-
+from typing import Callable, Sequence
 
 from diff_transformer.paths import write_atomic
 from diff_transformer.runs.record import differences, shown_differences
@@ -59,6 +59,21 @@ def read(results: Path, point: str, setting: dict, grid: bool = False) -> dict |
   if record is None or differences(setting, record["setting"]):
     return None
   return record
+
+
+def pool(folders: Sequence[str | Path], grid: bool) -> list[dict]:
+  """Every readable record of one kind in other studies' results folders, each marked with where
+  it came from (`reused_from`: the folder's name and its point)."""
+  return [dict(r, reused_from=f"{Path(folder).name}/{r['point']}") for folder in folders
+          for target in sorted(path(Path(folder), "x", grid).parent.glob("*.json"))
+          if (r := _load(target, grid, quiet=True)) is not None]
+
+
+def same_setting(records: list[dict], setting: dict, accepts: Callable[[dict], bool]
+                 ) -> dict | None:
+  """The first record trained under exactly `setting` that `accepts` takes, else None."""
+  return next((r for r in records if accepts(r) and not differences(setting, r["setting"])),
+              None)
 
 
 def not_reused(results: Path, point: str, setting: dict, grid: bool = False) -> str:

@@ -126,6 +126,8 @@ def _run_points(study: Study, kind: PointKind, study_file: str, root: Path, resu
   root = root / kind.folder
   settings = {p: point_setting(study, p, lrs.get(p)) for p in points}
   status = {p: "recorded" for p in points if kind.read(study, results, p, settings[p])}
+  if train and study.reuse_from:
+    status.update(_reuse(study, kind, results, [p for p in points if p not in status], settings))
   todo = [p for p in points if p not in status]
   for p in todo:  # named once, in every mode: nothing is dropped silently
     why = records.not_reused(results, p, settings[p], kind.grid)
@@ -154,6 +156,24 @@ def point_setting(study: Study, point: str, lr: float | None = None) -> dict:
   """The setting a point trains with (at `lr`, its grid's choice), computed once per point:
   what its record, the workdir guard and the report all compare against."""
   return setting(study.resolved_config(point, lr))
+
+
+def _reuse(study: Study, kind: PointKind, results: Path, points: list[str],
+           settings: dict[str, dict]) -> dict[str, str]:
+  """Points whose exact setting a record of another study holds (study.reuse_from): the record
+  is copied under this study's point name (`reused_from` says whose it was), nothing trains."""
+  pool = records.pool(study.reuse_from, kind.grid) if points else []
+  out = {}
+  for p in points:
+    found = records.same_setting(pool, settings[p], lambda r: kind.accepts(study, r))
+    if found is None:
+      continue
+    record = {k: v for k, v in found.items() if k not in ("point", "setting")}
+    if not kind.grid:  # a compared record names its cell
+      record.update(variant=study.parse(p).variant, size=study.parse(p).size)
+    records.write(results, p, record, settings[p], kind.grid)
+    out[p] = f"reused ({found['reused_from']})"
+  return out
 
 
 def point_lrs(study: Study, grid: dict) -> dict[str, float | None]:
