@@ -37,9 +37,10 @@ def trained_floor(study: Study) -> float:
 # measured there; the studies' sub-million-parameter models leave a GPU nearly idle, so members
 # share its kernels and one compile.
 AUTO_POPULATION = {"cpu": 1}
+AUTO_POPULATION_ACCELERATOR = 8
+# What a point that did not train waits for (left_to_train counts these).
 REPORT_ONLY = "not run (report only)"
 WAITING = "not run: its lr or tuned setting is not chosen yet (a grid is incomplete)"
-AUTO_POPULATION_ACCELERATOR = 8
 
 
 def left_to_train(study: Study, status: dict[str, str], seconds: list[float], jobs: int) -> str:
