@@ -215,3 +215,19 @@ def test_a_run_stops_at_its_accuracy_level_as_a_finished_run(corpus, reference, 
   sweep = SimpleNamespace(get_config=lambda point: SimpleNamespace(train=SimpleNamespace(
       steps=STEPS)))
   assert launch.finished(sweep, "p", str(tmp_path))
+
+
+def test_a_run_saved_at_its_last_step_without_its_summary_is_finished_by_a_rerun(
+    corpus, reference, tmp_path):
+  """A stop that lands on the last step (its checkpoint saved, the summary not yet written) left
+  a run every rerun exited from unfinished; the rerun now evaluates the saved state and writes
+  the summary, with the uninterrupted run's final validation loss."""
+  import shutil
+  workdir = tmp_path / "run"
+  shutil.copytree(reference, workdir)
+  want = json.loads((workdir / "summary.json").read_text())
+  (workdir / "summary.json").unlink()
+  summary = train_here(workdir, corpus)
+  assert summary["stopped_by"] is None and summary["step"] == want["step"]
+  assert json.loads((workdir / "summary.json").read_text())["val_loss"] == pytest.approx(
+      want["val_loss"], abs=1e-6)

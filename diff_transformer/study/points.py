@@ -26,7 +26,7 @@ def suites(study: Study) -> tuple[str, ...]:
 
 def _evaluated(workdir: Path, step: int | None, names: tuple[str, ...]) -> bool:
   folder = RunFolder(workdir)
-  return all((folder.read_eval(s) or {}).get("step") == step for s in names)
+  return step is not None and all((folder.read_eval(s) or {}).get("step") == step for s in names)
 
 
 class PointKind(Protocol):

@@ -102,6 +102,8 @@ def _train(config: ml_collections.ConfigDict, workdir: Path, lock: WorkdirLock |
   alone = Member(index=0, slot=None, run=run, on_divergence=OnDivergence.STOP, logger=logger,
                  window=window, summary=dict(step=run.start, stopped_by=None))
   try:
+    if run.start >= config.train.steps and RunFolder(workdir).read_summary() is None:
+      alone.evaluate(run.state, run.start)  # saved at its last step, stopped before its summary
     run_steps(Members([alone], OneRun(run)), run.state,
               Schedule.from_config(config.train, run.start), stop)
     summary = alone.summary
@@ -109,6 +111,8 @@ def _train(config: ml_collections.ConfigDict, workdir: Path, lock: WorkdirLock |
     stop.close()
     run.checkpointer.close()  # waits for the async save to commit
     logger.close()
+  if summary["step"] >= config.train.steps:  # its last step trained, evaluated and saved
+    summary["stopped_by"] = None
   if summary["stopped_by"] is None and "val_loss" in summary:
     finish(run, summary)
   return summary
