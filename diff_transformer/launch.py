@@ -169,7 +169,7 @@ def _run_local(plan: Plan, children: list[Child], status: dict[str, str], *, job
       for point, workdir in child.points:
         bar.update()
         alone = len(child.points) == 1
-        if proc.returncode != 0 and alone or not finished(plan, point, workdir):
+        if (proc.returncode != 0 and alone) or not finished(plan, point, workdir):
           failure = ((f"failed (exit {proc.returncode})" if proc.returncode else
                       "stopped before its last step (exit 0)") + f"; see {RunFolder(workdir).log}" +
                      ("" if alone else f" and the population's {child.log}"))

@@ -219,9 +219,10 @@ def test_a_run_stops_at_its_accuracy_level_as_a_finished_run(corpus, reference, 
 
 def test_a_run_saved_at_its_last_step_without_its_summary_is_finished_by_a_rerun(
     corpus, reference, tmp_path):
-  """A stop that lands on the last step (its checkpoint saved, the summary not yet written) left
-  a run every rerun exited from unfinished; the rerun now evaluates the saved state and writes
-  the summary, with the uninterrupted run's final validation loss."""
+  """A run killed between its last step's save and its summary (or, before the step loop
+  ignored a stop asked for at the last step, stopped there) was left unfinished by every rerun;
+  the rerun now evaluates the saved state and writes the summary, with the uninterrupted run's
+  final validation loss."""
   import shutil
   workdir = tmp_path / "run"
   shutil.copytree(reference, workdir)

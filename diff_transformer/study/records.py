@@ -27,8 +27,12 @@ GRID = "lr_grid"
 REQUIRED = {True: ("point", "setting", "lr", "seed"), False: ("point", "setting", "variant", "seed")}
 
 
+def folder(results: Path, grid: bool = False) -> Path:
+  return Path(results) / RECORDS / (GRID if grid else "")
+
+
 def path(results: Path, point: str, grid: bool = False) -> Path:
-  return Path(results) / RECORDS / (GRID if grid else "") / f"{point}.json"
+  return folder(results, grid) / f"{point}.json"
 
 
 def write(results: Path, point: str, record: dict, setting: dict, grid: bool = False) -> dict:
@@ -47,7 +51,7 @@ def write(results: Path, point: str, record: dict, setting: dict, grid: bool = F
 def trained_since(results: Path, since: float) -> int:
   """How many finished runs (grid ones included, failures not) were recorded at or after `since`
   (time.time()): what a stopped invocation trained, or found trained by a killed one."""
-  found = [p for p in (Path(results) / RECORDS).rglob("*.json") if p.stat().st_mtime >= since]
+  found = [p for p in folder(results).rglob("*.json") if p.stat().st_mtime >= since]
   return sum(1 for p in found if (r := _load(p, p.parent.name == GRID, quiet=True))
              and not r.get("failed"))
 
@@ -64,8 +68,8 @@ def read(results: Path, point: str, setting: dict, grid: bool = False) -> dict |
 def pool(folders: Sequence[str | Path], grid: bool) -> list[dict]:
   """Every readable record of one kind in other studies' results folders, each marked with where
   it came from (`reused_from`: the folder's name and its point)."""
-  return [dict(r, reused_from=f"{Path(folder).name}/{r['point']}") for folder in folders
-          for target in sorted(path(Path(folder), "x", grid).parent.glob("*.json"))
+  return [dict(r, reused_from=f"{Path(other).name}/{r['point']}") for other in folders
+          for target in sorted(folder(Path(other), grid).glob("*.json"))
           if (r := _load(target, grid, quiet=True)) is not None]
 
 

@@ -111,8 +111,6 @@ def _train(config: ml_collections.ConfigDict, workdir: Path, lock: WorkdirLock |
     stop.close()
     run.checkpointer.close()  # waits for the async save to commit
     logger.close()
-  if summary["step"] >= config.train.steps:  # its last step trained, evaluated and saved
-    summary["stopped_by"] = None
   if summary["stopped_by"] is None and "val_loss" in summary:
     finish(run, summary)
   return summary

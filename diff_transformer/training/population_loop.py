@@ -164,8 +164,7 @@ def _train(configs, workdirs, scales, name: str) -> list[dict]:
     if m.failed:
       out.append(dict(m.summary, failed=m.failed))
       continue
-    done = (m.finished or stopped_by is None  # at its level, or at its last step (even if a
-            or m.summary["step"] >= m.run.config.train.steps)  # stop was asked for there)
+    done = m.finished or stopped_by is None  # at its level, or at its last step
     m.summary["stopped_by"] = None if done else stopped_by
     if done and "val_loss" in m.summary:
       m.summary["population"] = dict(name=name, member=m.index, members=len(members))

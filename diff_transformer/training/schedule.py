@@ -91,7 +91,7 @@ def run_steps(cohort: Cohort, state, schedule: Schedule,
         cohort.check(*pending)
         pending = None
       cohort.save(state, batch, step, scheduled)
-    if stopping is not None:
+    if stopping is not None and not last:  # a run at its last step is finished: no stop
       cohort.stopped(step, stopping)
       return step, stopping
   return step, None
