@@ -29,8 +29,8 @@ cli.default_platform()
 from absl import flags, logging  # noqa: E402
 
 from diff_transformer.errors import ConfigError, Stopped  # noqa: E402
-from diff_transformer.study import (invocations, markdown, opening, records,  # noqa: E402
-                                    runner, study_json, tuning)
+from diff_transformer.study import (invocations, markdown, records, runner,  # noqa: E402
+                                    study_json, tuning)
 from diff_transformer import launch  # noqa: E402
 
 flags.DEFINE_string("study", "configs/studies/retrieval.py", "Study file (defines STUDY).")
@@ -113,8 +113,8 @@ def main(argv):
     path = markdown.write(result, results)
   print(f"{len(runs)} runs ({ran} trained now); report: {path}")
   if FLAGS.report_only:
-    seconds = [s for kind in opening.train_seconds(result) for s in kind]
-    print(runner.left_to_train(study, status, seconds, FLAGS.jobs))
+    recorded = records.pool([results], grid=False) + records.pool([results], grid=True)
+    print(runner.left_to_train(study, status, recorded, FLAGS.jobs))
   failed = {p: s for p, s in status.items()
             if s.startswith(("failed", "not run")) and not FLAGS.report_only}
   for point, why in failed.items():

@@ -4,6 +4,7 @@ atomically, untracked code makes a checkout dirty, export names what a synthetic
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -99,16 +100,24 @@ def test_a_stopped_part_counts_the_finished_runs_it_recorded(tmp_path):
   assert records.trained_since(tmp_path, time.time() + 1) == 0
 
 
-def test_what_is_left_to_train_is_timed_at_the_records_median_run():
+def test_what_is_left_to_train_is_timed_at_the_median_run_of_its_own_shape():
   from configs.studies import lm_tuned
   from diff_transformer.study import runner
   status = {"diff@scale0.1-lr0.00119-s1000": runner.REPORT_ONLY,
             "diff@scale0.1-lr0.00178-s1000": "recorded", "diff@tuned-s0": runner.WAITING,
-            "transformer@1-s0": runner.REPORT_ONLY}
-  assert runner.left_to_train(lm_tuned.STUDY, status, [300.0, 600.0, 900.0], jobs=2) == (
-      "Left to train: 1 grid run in the grid's next round (more where a grid grows) and 2 "
-      "compared runs; at the records' median of 10.0 min a run, about 0.5 h of run time "
-      "(0.2 h at --jobs=2).")
+            "transformer@1-s0": runner.REPORT_ONLY, "diff@L4@tuned-s0": runner.WAITING}
+  two, four = (runner.point_setting(lm_tuned.STUDY, p) for p in ("diff@tuned-s1", "diff@L4@tuned-s1"))
+  recorded = [dict(train_seconds=t, setting=two) for t in (300.0, 600.0, 900.0)]
+  shape = "d_model=128 num_layers={} seq_len=256 steps=1000"
+  assert runner.left_to_train(lm_tuned.STUDY, status, recorded, jobs=2) == (
+      "Left to train: 1 grid run in the grid's next round (more where a grid grows) and 3 "
+      f"compared runs; at the recorded median per shape, 10.0 min a run (3 at {shape.format(2)})"
+      ": about 0.5 h of run time (0.2 h at --jobs=2), and 1 run of a shape no record has timed.")
+  recorded += [dict(train_seconds=1500.0, setting=four), dict(train_seconds=math.nan, setting=four)]
+  assert runner.left_to_train(lm_tuned.STUDY, status, recorded, jobs=2).endswith(
+      f"10.0 min a run (3 at {shape.format(2)}), 25.0 min a run (1 at {shape.format(4)}): about "
+      "0.9 h of run time (0.5 h at --jobs=2).")
+  assert runner.left_to_train(lm_tuned.STUDY, status, [], jobs=2).endswith("3 compared runs.")
 
 
 def test_a_refusal_names_the_real_holder_and_flag(tmp_path):

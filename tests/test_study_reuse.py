@@ -26,6 +26,10 @@ def test_a_grid_point_takes_the_record_of_exactly_its_setting_under_any_name(tmp
   # DIFF V1 at 0.2 is named alike in both studies; at the rule it is the other study's `diff`
   named = {"diff@scale0.2-lr0.00178-s1000": "diff@scale0.2-lr0.00178-s1000",
            "diff@scalerule-lr0.00267-s1001": "diff-lr0.00267-s1001"}
+  # a report-only invocation names them reusable (not left to train) and writes nothing
+  status = runner._run_points(study, GRID, "", tmp_path / "root", results, list(named), jobs=1,
+                              train=False, retrain=False, population=1)
+  assert status == dict.fromkeys(named, runner.REUSABLE) and not results.exists()
   status = runner._run_points(study, GRID, "", tmp_path / "root", results, list(named), jobs=1,
                               train=True, retrain=False, population=1)
   assert status == {p: f"reused (study_lm_scale/{source})" for p, source in named.items()}

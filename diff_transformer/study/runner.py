@@ -41,21 +41,46 @@ AUTO_POPULATION_ACCELERATOR = 8
 # What a point that did not train waits for (left_to_train counts these).
 REPORT_ONLY = "not run (report only)"
 WAITING = "not run: its lr or tuned setting is not chosen yet (a grid is incomplete)"
+REUSABLE = "not run (report only): a record in reuse_from holds its setting"
 
 
-def left_to_train(study: Study, status: dict[str, str], seconds: list[float], jobs: int) -> str:
+# What a run's time depends on within one study: a left run is timed at the recorded runs of
+# the same values (a 4-layer run takes about twice a 2-layer one).
+RUN_SHAPE = ("model.d_model", "model.num_layers", "data.seq_len", "train.steps")
+
+
+def left_to_train(study: Study, status: dict[str, str], recorded: list[dict], jobs: int) -> str:
   """What a report-only invocation found left to train: the grid's next round (a grid that grows
-  adds more) and every compared run without a record, timed at the records' median run."""
+  adds more) and every compared run without a record, each timed at the median `train_seconds`
+  of the `recorded` runs of its shape (RUN_SHAPE)."""
   left = [p for p, why in status.items() if why in (REPORT_ONLY, WAITING)]
   grid = sum(study.parse(p).lr is not None for p in left)
+  reusable = sum(why == REUSABLE for why in status.values())
   what = (f"Left to train: {plural(grid, 'grid run')} in the grid's next round (more where a "
-          f"grid grows) and {plural(len(left) - grid, 'compared run')}")
-  if not left or not seconds:
+          f"grid grows) and {plural(len(left) - grid, 'compared run')}"
+          + (f" ({reusable} more to be reused from reuse_from)" if reusable else ""))
+  times: dict[tuple, list[float]] = {}
+  for r in recorded:
+    if isinstance(r.get("train_seconds"), (int, float)) and math.isfinite(r["train_seconds"]):
+      times.setdefault(_shape(r["setting"]), []).append(r["train_seconds"])
+  shapes = [_shape(point_setting(study, p)) for p in left]
+  untimed = sum(s not in times for s in shapes)
+  if len(left) == untimed:
     return what + "."
-  median = statistics.median(seconds)
-  hours = len(left) * median / 3600
-  return (f"{what}; at the records' median of {median / 60:.1f} min a run, about {hours:.1f} h "
-          f"of run time ({hours / jobs:.1f} h at --jobs={jobs}).")
+  hours = sum(statistics.median(times[s]) for s in shapes if s in times) / 3600
+  medians = ", ".join(f"{statistics.median(times[s]) / 60:.1f} min a run ({shapes.count(s)} at "
+                      f"{_shown(s)})" for s in dict.fromkeys(shapes) if s in times)
+  return (f"{what}; at the recorded median per shape, {medians}: about {hours:.1f} h of run "
+          f"time ({hours / jobs:.1f} h at --jobs={jobs})"
+          + (f", and {plural(untimed, 'run')} of a shape no record has timed." if untimed else "."))
+
+
+def _shape(setting: dict) -> tuple:
+  return tuple(setting.get(key) for key in RUN_SHAPE)
+
+
+def _shown(shape: tuple) -> str:
+  return " ".join(f"{key.split('.')[-1]}={value}" for key, value in zip(RUN_SHAPE, shape))
 
 
 def population_size(text: str) -> int:
@@ -127,8 +152,9 @@ def _run_points(study: Study, kind: PointKind, study_file: str, root: Path, resu
   root = root / kind.folder
   settings = {p: point_setting(study, p, lrs.get(p)) for p in points}
   status = {p: "recorded" for p in points if kind.read(study, results, p, settings[p])}
-  if train and study.reuse_from:
-    status.update(_reuse(study, kind, results, [p for p in points if p not in status], settings))
+  if study.reuse_from:
+    status.update(_reuse(study, kind, results, [p for p in points if p not in status], settings,
+                         write=train))
   todo = [p for p in points if p not in status]
   for p in todo:  # named once, in every mode: nothing is dropped silently
     why = records.not_reused(results, p, settings[p], kind.grid)
@@ -160,14 +186,18 @@ def point_setting(study: Study, point: str, lr: float | None = None) -> dict:
 
 
 def _reuse(study: Study, kind: PointKind, results: Path, points: list[str],
-           settings: dict[str, dict]) -> dict[str, str]:
+           settings: dict[str, dict], write: bool) -> dict[str, str]:
   """Points whose exact setting a record of another study holds (study.reuse_from): the record
-  is copied under this study's point name (`reused_from` says whose it was), nothing trains."""
+  is copied under this study's point name (`reused_from` says whose it was), nothing trains.
+  Without `write` (a report-only invocation) they are only named REUSABLE."""
   pool = records.pool(study.reuse_from, kind.grid) if points else []
   out = {}
   for p in points:
     found = records.same_setting(pool, settings[p], lambda r: kind.accepts(study, r))
     if found is None:
+      continue
+    if not write:
+      out[p] = REUSABLE
       continue
     record = {k: v for k, v in found.items() if k not in ("point", "setting")}
     if not kind.grid:  # a compared record names its cell
