@@ -5,6 +5,7 @@ exactly."""
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -28,12 +29,12 @@ def _overrides(seed: int, lr: float) -> dict:
           "train.final_lr": lr * DEFAULT_FINAL_RATIO}
 
 
-def _members_file(corpus: Path, root: Path) -> Path:
+def _members_file(corpus: Path, root: Path, members=MEMBERS) -> Path:
   listing = dict(name="tiny", members=[
       dict(point=name, args=[f"--config={ROOT / 'configs/default.py'}",
                              f"--workdir={root / name}",
                              *tiny_flags(corpus, **_overrides(seed, lr))])
-      for name, seed, lr in MEMBERS])
+      for name, seed, lr in members])
   root.mkdir(parents=True, exist_ok=True)
   path = root / "tiny.json"
   path.write_text(json.dumps(listing))
@@ -128,3 +129,21 @@ def test_a_killed_population_resumes_exactly(population, corpus, tmp_path):
     for step, values in got.items():
       assert all(v == want[step][0] for v in values), (name, step, values, want[step])
     assert val_losses(root / name) == val_losses(population / name)
+
+
+def test_members_saved_at_their_last_step_without_summaries_are_finished_by_a_rerun(
+    population, corpus, tmp_path):
+  """A population stopped between its last save and its summaries: the rerun evaluates each
+  member's saved state and writes its summary, with the uninterrupted run's validation loss."""
+  want = {}
+  for name, *_ in MEMBERS[:3:2]:
+    shutil.copytree(population / name, tmp_path / name)
+    want[name] = json.loads((tmp_path / name / "summary.json").read_text())
+    (tmp_path / name / "summary.json").unlink()
+  rerun = _train_population(_members_file(corpus, tmp_path, MEMBERS[:3:2]))
+  out, err = rerun.communicate(timeout=600)
+  assert rerun.returncode == 0, err[-3000:]
+  for name, summary in want.items():
+    got = RunFolder(tmp_path / name).read_summary()
+    assert got is not None and got["step"] == summary["step"] == STEPS, (name, got)
+    assert got["val_loss"] == pytest.approx(summary["val_loss"], abs=1e-6)

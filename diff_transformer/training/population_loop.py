@@ -9,7 +9,8 @@ summary and code record; its summary also names the population. Every member sav
 steps, so the population resumes from the newest step all members hold, exactly; a member's
 checkpoints past that step (a kill between two members' saves) are set aside, never deleted. A
 member that diverges is held, its error goes to its log (the line a study records), and the
-others go on; a member that reaches its accuracy level is finished there.
+others go on; a member that reaches its accuracy level is finished there. Members saved at
+their last step but stopped before their summaries are evaluated and finished by the rerun.
 """
 from __future__ import annotations
 
@@ -150,9 +151,11 @@ def _train(configs, workdirs, scales, name: str) -> list[dict]:
   stop = StopSignal()
   bar = tqdm(total=t.steps, initial=start, dynamic_ncols=True, unit="step", mininterval=1.0,
              desc=name)
+  cohort = Members(live, Stacked(live, population), bar)
   try:
-    _, stopped_by = run_steps(Members(live, Stacked(live, population), bar), state,
-                              Schedule.from_config(t, start), stop)
+    if start >= t.steps:  # saved at the last step, stopped before the summaries were written
+      cohort.evaluate(state, start)
+    _, stopped_by = run_steps(cohort, state, Schedule.from_config(t, start), stop)
   finally:
     stop.close()
     bar.close()
