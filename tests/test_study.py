@@ -73,6 +73,18 @@ def test_steps_to_90_keeps_a_run_that_never_reached_it():
   assert censored_median([300.0, 100.0, 200.0], [True] * 3) == 200.0
 
 
+def test_a_runs_time_counts_its_attempts_not_the_wait_between_them():
+  """Each start logs a `flops` row; a run stopped at 17 and resumed 40 minutes later counts
+  its two attempts' own time (a log from before the flops row counts from its first row)."""
+  first = [dict(step=0, kind="flops", time=0.0), dict(step=1, kind="train", time=10.0),
+           dict(step=17, kind="train", time=100.0)]
+  second = [dict(step=17, kind="flops", time=2500.0), dict(step=17, kind="resume", time=2500.1),
+            dict(step=1000, kind="val", time=2590.0)]
+  assert run_metrics.train_seconds(first + second) == pytest.approx(190.0)
+  assert run_metrics.train_seconds(first[1:] + second) == pytest.approx(180.0)
+  assert math.isnan(run_metrics.train_seconds([]))
+
+
 def test_informative_slices_use_the_highest_floor():
   floor = dict(random=0.0625, elimination=0.083, one_key=0.25, one_key_elimination=0.33)
   result = dict(chance={"a": floor, "b": floor},

@@ -53,8 +53,14 @@ def code_versions(workdir: Path) -> list[str]:
 
 
 def train_seconds(rows: list[dict]) -> float:
-  times = [r["time"] for r in rows]
-  return float(max(times) - min(times)) if times else math.nan
+  """Wall time the run's attempts took, each from its start (the `flops` row every start logs)
+  to its last row: the time between a stopped attempt and its resume is not counted."""
+  attempts: list[list[float]] = []
+  for r in rows:
+    if r.get("kind") == "flops" or not attempts:
+      attempts.append([])
+    attempts[-1].append(r["time"])
+  return float(sum(max(t) - min(t) for t in attempts)) if attempts else math.nan
 
 
 def task_record(ev: dict, points: list[tuple[int, float]], level: float) -> dict:
