@@ -63,13 +63,14 @@ def left_to_train(study: Study, status: dict[str, str], recorded: list[dict], jo
   for r in recorded:
     if isinstance(r.get("train_seconds"), (int, float)) and math.isfinite(r["train_seconds"]):
       times.setdefault(_shape(r["setting"]), []).append(r["train_seconds"])
+  median = {shape: statistics.median(seconds) for shape, seconds in times.items()}
   shapes = [_shape(point_setting(study, p)) for p in left]
-  untimed = sum(s not in times for s in shapes)
+  untimed = sum(s not in median for s in shapes)
   if len(left) == untimed:
     return what + "."
-  hours = sum(statistics.median(times[s]) for s in shapes if s in times) / 3600
-  medians = ", ".join(f"{statistics.median(times[s]) / 60:.1f} min a run ({shapes.count(s)} at "
-                      f"{_shown(s)})" for s in dict.fromkeys(shapes) if s in times)
+  hours = sum(median[s] for s in shapes if s in median) / 3600
+  medians = ", ".join(f"{median[s] / 60:.1f} min a run ({shapes.count(s)} at {_shown(s)})"
+                      for s in dict.fromkeys(shapes) if s in median)
   return (f"{what}; at the recorded median per shape, {medians}: about {hours:.1f} h of run "
           f"time ({hours / jobs:.1f} h at --jobs={jobs})"
           + (f", and {plural(untimed, 'run')} of a shape no record has timed." if untimed else "."))
