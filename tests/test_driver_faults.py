@@ -142,7 +142,13 @@ def test_a_second_driver_on_a_root_is_refused_up_front(tmp_path):
   child saves; the driver exits 2 in one line; the study-fault test above resumes such a
   study)."""
   file = tmp_path / "tiny_study.py"
-  file.write_text(TINY_STUDY.replace("quick_lr_grid=(1e-3, 3e-3),", ""))  # one child, no grid
+  # One child, no grid, and too many steps to finish before the SIGTERM: a 4-step child could
+  # finish while the second driver starts, and its lock would never be seen held.
+  text = TINY_STUDY.replace("quick_lr_grid=(1e-3, 3e-3),", "").replace(
+      '("train.steps", 4), ("train.checkpoint_every", 4)',
+      '("train.steps", 100_000), ("train.checkpoint_every", 100_000)')
+  assert "100_000" in text
+  file.write_text(text)
   root = tmp_path / "root"
   args = (f"--study={file}", "--quick", f"--root={root}", "--variants=transformer", "--seeds=0")
   first = start("study.py", *args)
