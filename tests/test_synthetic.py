@@ -2,6 +2,7 @@
 the short convolution, exact resume, and one-line errors for impossible settings."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import jax
@@ -184,3 +185,25 @@ def test_resume_on_a_synthetic_task_is_bitwise(tmp_path):
 
   a, b = log("a"), log("b")
   assert a == b and ("train", 6) in a and ("val", 6) in a
+
+
+def test_eval_slices_lengthen_rows_that_do_not_fit_and_leave_out_impossible_ones():
+  """The task suite's slices: a slice whose rows (or needle depth band) do not fit is lengthened
+  in steps of 16 to the first length that fits; one the vocabulary cannot hold is left out."""
+  from diff_transformer.evaluation import tasks
+  got = lambda s: {k: (v.seq_len, v.num_queries) for k, v in tasks.slices(s, 1024).items()}  # noqa: E731
+  assert got(task(seq_len=64, num_keys=3)) == {
+      "trained,keys=3,len=64": (64, 8), "keys=3,len=128": (128, 4), "keys=3,len=256": (256, 4),
+      "keys=2,len=64": (64, 2), "keys=4,len=80": (80, 8), "keys=5,len=112": (112, 8)}
+  # 18 value ids cannot hold keys=5's 25 distinct values.
+  assert not [k for k in got(task(seq_len=64, num_keys=3, vocab_size=40)) if "keys=5" in k]
+  needle = task("needle", seq_len=64, needles=4, asked=2, depth_max=0.5)
+  with pytest.raises(synthetic.RowTooShort, match="depth band"):  # 8 needles in 64 tokens' band
+    synthetic.check(dataclasses.replace(needle, needles=8))
+  assert set(tasks.slices(needle, 1024)) == {
+      "trained,needles=4,distractors=0,len=64", "needles=4,distractors=0,len=128",
+      "needles=4,distractors=0,len=256", "needles=8,distractors=0,len=80",
+      "needles=4,distractors=2,len=64"}
+  assert tasks.slices(needle, 100).keys() == {"trained,needles=4,distractors=0,len=64",
+                                              "needles=8,distractors=0,len=80",
+                                              "needles=4,distractors=2,len=64"}

@@ -118,8 +118,12 @@ def task_spec(data: ml_collections.ConfigDict, seq_len: int | None = None, **ove
   return spec
 
 
-def _fail(field: str, constraint: str):
-  raise DataError(f"data.task.{field}: {constraint}")
+class RowTooShort(DataError):
+  """The task's rows do not fit in seq_len (a longer row may fit)."""
+
+
+def _fail(field: str, constraint: str, error: type[DataError] = DataError):
+  raise error(f"data.task.{field}: {constraint}")
 
 
 def check(s: TaskSpec) -> None:
@@ -164,10 +168,10 @@ def check(s: TaskSpec) -> None:
     need = s.item_len * (s.stored + s.asked) + 1
     if need <= s.seq_len + 1 and needle_band(s)[1] < s.stored:
       _fail("depth_max", f"the depth band [{s.depth_min}, {s.depth_max}] of a {s.seq_len}-token "
-            f"row cannot hold {s.stored} needles without overlap")
+            f"row cannot hold {s.stored} needles without overlap", RowTooShort)
   if need > s.seq_len + 1:
-    raise DataError(f"data.seq_len: {s.seq_len} is too short for this task: its rows need "
-                    f"{need - 1} tokens (stored items and queries)")
+    raise RowTooShort(f"data.seq_len: {s.seq_len} is too short for this task: its rows need "
+                      f"{need - 1} tokens (stored items and queries)")
 
 
 def content_bucket(seq: np.ndarray, buckets: int) -> np.ndarray:

@@ -65,10 +65,10 @@ def _fit(s: synthetic.TaskSpec, max_len: int, cap: bool = True) -> synthetic.Tas
     try:
       synthetic.check(s)
       return s
-    except ValueError as e:
-      if "data.seq_len" not in str(e) and "depth" not in str(e):
-        return None
+    except synthetic.RowTooShort:
       s = dataclasses.replace(s, seq_len=s.seq_len + 16)
+    except ValueError:
+      return None
   return None
 
 
