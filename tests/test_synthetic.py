@@ -1,5 +1,6 @@
 """Synthetic retrieval tasks: generator invariants, train/eval disjointness, the answer-only loss,
-the short convolution, exact resume, and one-line errors for impossible settings."""
+the short convolution, exact resume, one-line errors for impossible settings, and the task
+suite's slices (lengthened where their rows do not fit)."""
 from __future__ import annotations
 
 import dataclasses
