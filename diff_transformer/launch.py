@@ -147,6 +147,8 @@ def _run_local(plan: Plan, children: list[Child], status: dict[str, str], *, job
   process, on the core a child just left, before the next child takes it. A population's member
   that did not finish is failed on its own (its log names why). An interrupt stops every
   running child (each saves) before it propagates."""
+  if not children:  # a round whose points all finished earlier: no empty progress bar
+    return
   queue, free = list(children), list(cores_for(jobs))
   running: dict[int, tuple[subprocess.Popen, IO, Child, int | None]] = {}
   bar = tqdm(total=sum(len(c.points) for c in children), desc=plan.name, unit="run")
