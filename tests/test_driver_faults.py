@@ -164,11 +164,9 @@ def test_a_second_driver_on_a_root_is_refused_up_front(tmp_path):
   assert stopped.stderr.strip().splitlines()[-1].startswith("error: stopped by SIGTERM")
 
 
-def test_a_run_finished_before_the_call_is_recorded_before_any_child_starts(tmp_path, monkeypatch):
-  """A driver stopped while its children train must not lose a run it found finished: launch.run
-  hands such a run to on_done before it starts the first child."""
-  import json
-  from diff_transformer import cli, launch
+def _study_with_one_finished_run(tmp_path: Path):
+  """The tiny study's file and plan, with its first point's run finished under `root`."""
+  from diff_transformer import cli
   from diff_transformer.runs.folder import RunFolder
   file = tmp_path / "tiny_study.py"
   file.write_text(TINY_STUDY.replace("quick_lr_grid=(1e-3, 3e-3),", ""))
@@ -177,6 +175,14 @@ def test_a_run_finished_before_the_call_is_recorded_before_any_child_starts(tmp_
   folder = RunFolder(tmp_path / "root" / done)
   folder.path.mkdir(parents=True)
   folder.summary.write_text(json.dumps({"step": study.get_config(done).train.steps}))
+  return file, study, done, todo
+
+
+def test_a_run_finished_before_the_call_is_recorded_before_any_child_starts(tmp_path, monkeypatch):
+  """A driver stopped while its children train must not lose a run it found finished: launch.run
+  hands such a run to on_done before it starts the first child."""
+  from diff_transformer import launch
+  file, study, done, todo = _study_with_one_finished_run(tmp_path)
   recorded = []
 
   def killed(*args, **kwargs):
@@ -187,6 +193,16 @@ def test_a_run_finished_before_the_call_is_recorded_before_any_child_starts(tmp_
     launch.run(study, str(file), str(tmp_path / "root"), points=[done, todo],
                on_done=lambda p, w: recorded.append(p))
   assert recorded == [done]
+
+
+def test_a_round_whose_runs_all_finished_starts_nothing_and_draws_no_progress_bar(tmp_path, capfd):
+  from diff_transformer import launch
+  file, study, done, _ = _study_with_one_finished_run(tmp_path)
+  recorded = []
+  status = launch.run(study, str(file), str(tmp_path / "root"), points=[done],
+                      on_done=lambda p, w: recorded.append(p))
+  assert status == {done: "skipped"} and recorded == [done]
+  assert "run/s" not in capfd.readouterr().err  # tqdm's bar names its unit
 
 
 CHILD = """
