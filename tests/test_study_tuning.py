@@ -127,3 +127,30 @@ def test_the_report_shows_each_value_at_its_own_best_lr(tuned, tmp_path):
   assert "**chosen**" in rows[("transformer@tuned", "rule")]
   assert "- `diff@tuned`: 0.1 at lr 0.004" in lines
   assert (tmp_path / "tuned.png").stat().st_size > 10_000
+
+
+def test_a_value_still_winning_at_the_grown_end_is_reported_not_bracketed(tmp_path):
+  """DIFF keeps improving as its scale shrinks: the grid grows once to 0.05, which wins; the
+  choice is final (growth spent) and the report says the value is not bracketed."""
+  study = STUDY.validate()
+  fake = run_fake(study, [])
+
+  def smaller_is_better(points):
+    out = fake(points)
+    for point, record in out.items():
+      p = study.parse(point)
+      value = p.variant.rpartition("@scale")[2]
+      if point.startswith("diff@scale") and value != "rule":
+        record["loss"] = 1.55 + 0.1 * float(value) + 0.01 * math.log(p.lr / 4e-3) ** 2
+    return out
+
+  _, grid = tuning.tune(study, smaller_is_better, math.nan)
+  diff = grid["tuned"]["diff@tuned"]
+  assert (diff["value"], diff["grown"], diff["at_end"]) == ("0.05", ["0.05"], True)
+  assert not grid["tuned"]["transformer@tuned"]["at_end"]  # its rule, at 1, lies inside
+  limits = opening.limits(dict(study={}, lr_grid=grid))
+  assert any(line.startswith("**Tuned value not bracketed**: diff@tuned (`model.norm_out_scale`"
+                             " 0.05)") for line in limits)
+  lines = opening.tuned_values(dict(lr_grid=grid), tmp_path)
+  assert "- `diff@tuned`: 0.05 at lr 0.004 (an end of the values tried: not bracketed)" in lines
+  assert "- `transformer@tuned`: rule at lr 0.004" in lines

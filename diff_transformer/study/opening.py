@@ -45,6 +45,13 @@ def limits(result: dict) -> list[str]:
   if loose:
     lines.append(f"**Not bracketed**: {', '.join(loose)}: the chosen lr is at an end of the grid "
                  "(after extending it); its best lr may lie beyond.")
+  tuned = (grid or {}).get("tuned") or {}
+  at_end = [f"{name} (`{c['key']}` {c['value']})" for name, c in tuned.items()
+            if final(c) and c.get("at_end")]
+  if at_end:
+    lines.append(f"**Tuned value not bracketed**: {', '.join(at_end)}: the chosen value is the "
+                 "smallest or largest tried, after the growth the design allows; its best value "
+                 "may lie beyond.")
   return [x for line in lines for x in (line, "")]
 
 
@@ -207,7 +214,8 @@ def tuned_values(result: dict, root: Path) -> list[str]:
       rows.append([name, value, cell, f"{d['chosen']:g}" if d.get("chosen") else "-",
                    num(got[1] if got else None, 4), state])
     states.append(f"- `{name}`: " + (
-        f"{c['value']} at lr {c['lr']:g}" if final(c) else
+        f"{c['value']} at lr {c['lr']:g}" + (" (an end of the values tried: not bracketed)"
+                                              if c.get("at_end") else "") if final(c) else
         f"grows to {c['extend']} next" if c.get("extend") else
         f"waits for `{c['around']}`'s choice (its value /2, x1, x2)" if not c["candidates"] else
         "not decided: a candidate's grid is not finished"))

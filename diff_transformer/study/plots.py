@@ -163,7 +163,8 @@ def pairs(result: dict, path: Path) -> str:
   ax.axvline(0, color="k", lw=0.6, ls=":")
   ax.set_yticks(range(len(rows)), [f"{a} - {b}" for a, b in rows], fontsize=7)
   ax.set_xlabel(f"paired difference a - b in `{primary}`")
-  fig.legend(fontsize=7, loc="outside lower center", ncol=2, frameon=False)
+  if labelled:  # no pair has both sides recorded yet: an empty legend only warns
+    fig.legend(fontsize=7, loc="outside lower center", ncol=2, frameon=False)
   return common.save_figure(fig, path)
 
 

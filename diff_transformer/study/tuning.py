@@ -30,9 +30,10 @@ def _position(tuned: Tuned, value: str) -> float | None:
 
 
 def choose(study: Study, tuned: Tuned, grid: dict) -> dict:
-  """{value, candidate, lr, scores, extend, complete} of one tuned cell from the grid's decisions:
-  `value` None until every candidate's grid is complete and one of them has a working lr;
-  `extend` the value to add next (x2 beyond the winning end), else None."""
+  """{value, candidate, lr, scores, extend, at_end, complete} of one tuned cell from the grid's
+  decisions: `value` None until every candidate's grid is complete and one of them has a working
+  lr; `extend` the value to add next (x2 beyond the winning end), else None; `at_end` whether
+  the best value is the smallest or largest number tried (once growth is spent: not bracketed)."""
   decisions = grid.get("decisions", {})
   scores, complete = {}, True
   for value in tuned.tried:
@@ -43,7 +44,7 @@ def choose(study: Study, tuned: Tuned, grid: dict) -> dict:
     if d["chosen"] is not None:
       scores[value] = d["scores"][f"{d['chosen']:g}"]
   out: dict[str, Any] = dict(value=None, candidate=None, lr=None, complete=complete, extend=None,
-                             scores=scores)
+                             at_end=False, scores=scores)
   if not complete or not scores:
     return out
   best = min(scores, key=lambda v: (scores[v], tuned.tried.index(v)))
@@ -54,6 +55,7 @@ def choose(study: Study, tuned: Tuned, grid: dict) -> dict:
   where = _position(tuned, best)
   if where is None or len(named) < 2:
     return out
+  out["at_end"] = where in (min(tried), max(tried))
   if where == min(tried) and sum(p < min(named) for p in tried) < tuned.extend:
     out["extend"] = f"{where / 2:g}"
   elif where == max(tried) and sum(p > max(named) for p in tried) < tuned.extend:
