@@ -29,8 +29,8 @@ def limits(result: dict) -> list[str]:
   versions = info.get("code_versions") or {}
   if len(versions) > 1:
     lines.append(f"**Runs from {len(versions)} code versions**: " + "; ".join(
-        f"{v} ({n} runs)" for v, n in versions.items()) + ". A difference between variants "
-        "may be partly a difference between code versions.")
+        f"{v} ({plural(n, 'run')})" for v, n in versions.items()) + ". A difference between "
+        "variants may be partly a difference between code versions.")
   decisions = (grid or {}).get("decisions", {})
   untuned = [c for c, d in decisions.items() if d["untuned"]]
   if untuned:
