@@ -96,7 +96,9 @@ def test_a_stopped_part_counts_the_finished_runs_it_recorded(tmp_path):
   records.write(tmp_path, "diff-s1", dict(variant="diff", seed=1), setting)
   records.write(tmp_path, "diff-lr0.001-s1000", dict(lr=1e-3, seed=1000), setting, grid=True)
   records.write(tmp_path, "diff-s2", dict(variant="diff", seed=2, failed="diverged"), setting)
-  assert records.trained_since(tmp_path, since) == 2  # a failure is no trained run
+  records.write(tmp_path, "diff-s3", dict(variant="diff", seed=3, reused_from="other/diff-s3"),
+                setting)
+  assert records.trained_since(tmp_path, since) == 2  # neither a failure nor a reused record
   assert records.trained_since(tmp_path, time.time() + 1) == 0
 
 

@@ -49,11 +49,12 @@ def write(results: Path, point: str, record: dict, setting: dict, grid: bool = F
 
 
 def trained_since(results: Path, since: float) -> int:
-  """How many finished runs (grid ones included, failures not) were recorded at or after `since`
-  (time.time()): what a stopped invocation trained, or found trained by a killed one."""
+  """How many finished runs (grid ones included; failures and records taken from another study
+  not) were recorded at or after `since` (time.time()): what a stopped invocation trained, or
+  found trained by a killed one."""
   found = [p for p in folder(results).rglob("*.json") if p.stat().st_mtime >= since]
   return sum(1 for p in found if (r := _load(p, p.parent.name == GRID, quiet=True))
-             and not r.get("failed"))
+             and not r.get("failed") and not r.get("reused_from"))
 
 
 def read(results: Path, point: str, setting: dict, grid: bool = False) -> dict | None:
