@@ -500,3 +500,35 @@ def test_the_pre_named_two_by_two_gives_main_effects_and_interaction_seed_by_see
   text = "\n".join(factorial.report(dict(factorial=got, study=dict(primary="loss"))))
   assert "| lambda_init 0.8: yes | diff@lambda0.8scalerule: 0.955" in text
   assert "| interaction | -0.050" in text
+
+
+def test_the_committed_tuned_study_records_every_compared_run_at_its_choice():
+  """docs/results/study_lm_tuned/: every compared run of every cell on its own seeds recorded,
+  each trained at its cell's chosen (output scale, lr) pair; the four pre-named pairs tested over
+  all of those seeds with Holm; every unbracketed lr or tuned value flagged in the report."""
+  from configs.studies import lm_tuned
+  study = lm_tuned.STUDY
+  folder = ROOT / "docs/results/study_lm_tuned"
+  data = json.loads((folder / "study.json").read_text())
+  grid = json.loads((folder / "lr_grid.json").read_text())
+  text = (folder / "report.md").read_text()
+  compared = {(r["variant"], r["seed"]): r for r in
+              (json.loads(p.read_text()) for p in (folder / "records").glob("*.json"))}
+  assert not data["missing"] and set(compared) == {
+      (v, s) for v in study.variants for s in study.seeds_of(v)}
+  for (variant, _), record in compared.items():
+    choice = grid["tuned"].get(variant)
+    value, lr = ((choice["value"], choice["lr"]) if choice  # a tuned cell: its best pair
+                 else ("rule", grid["chosen"]["transformer@scalerule"]))  # transformer@1
+    assert (record["setting"]["model.norm_out_scale"], record["lr"]) == (value, lr), variant
+  for a, b in study.comparisons:
+    loss = data["paired"][f"{a} vs {b}"]["loss"]
+    assert loss["family"] == "primary" and "p_holm" in loss
+    assert loss["n"] == len(set(study.seeds_of(a)) & set(study.seeds_of(b)))
+  for cell, decision in data["lr_grid"]["decisions"].items():
+    if not decision["bracketed"]:
+      assert cell in next(l for l in text.splitlines() if l.startswith("**Not bracketed**"))
+  for cell, choice in grid["tuned"].items():
+    if choice["at_end"]:
+      assert cell in next(l for l in text.splitlines()
+                          if l.startswith("**Tuned value not bracketed**"))

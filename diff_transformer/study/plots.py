@@ -204,6 +204,7 @@ def tuned_values(result: dict, path: Path) -> str:
     ax.set_xscale("log")
     ax.set_xticks(sorted(set(xs)), [f"{x:g}" for x in sorted(set(xs))])
     ax.xaxis.set_minor_formatter("")
+    ax.tick_params(axis="x", labelrotation=45)  # neighbours such as 0.1 and 0.125 stay apart
   keys = sorted({c["key"] for c in grid["tuned"].values()})
   ax.set_xlabel(", ".join(keys) + " (star: best; hollow: its lr grid not finished)")
   ax.set_ylabel(f"{grid['metric']} at its best lr (grid seeds)")
