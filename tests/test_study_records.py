@@ -291,13 +291,13 @@ def test_a_variant_registered_later_orphans_no_record():
     unregister_variant(TOY_PATH)
 
 
-@pytest.mark.parametrize("name", ["lm", "lm_table6", "lm_scale", "retrieval"])
+@pytest.mark.parametrize("name", ["lm", "lm_table6", "lm_scale", "lm_tuned", "retrieval"])
 def test_committed_studies_rebuild_from_their_records_unchanged(tmp_path, name):
   """Every committed record still matches its point's setting (an option added to the config
   later must not orphan them), and study.json and report.md rebuild from them byte for byte,
   apart from the note that names the rebuild."""
   import shutil
-  from diff_transformer.study import markdown, runner, study_json
+  from diff_transformer.study import markdown, runner, study_json, tuning
   committed = ROOT / "docs" / "results" / f"study_{name}"
   results = tmp_path / name
   shutil.copytree(committed, results)
@@ -305,6 +305,7 @@ def test_committed_studies_rebuild_from_their_records_unchanged(tmp_path, name):
                               "STUDY").validate()
   status, grid = runner.run(study, "", tmp_path / "root", results, train=False)
   assert set(status.values()) == {"recorded"}, status
+  study = tuning.resolve(study, grid)  # tuned cells as the grid chose them, as study.py does
   runs = runner.collect(study, results, grid)
   origin = invocations.provenance(results, "python study.py --report_only", 0.0, 0, rebuild=True)
   result = study_json.build(study, runs, grid, [], origin)
