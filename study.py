@@ -29,8 +29,7 @@ cli.default_platform()
 from absl import flags, logging  # noqa: E402
 
 from diff_transformer.errors import ConfigError, Stopped  # noqa: E402
-from diff_transformer.study import (invocations, markdown, records, runner,  # noqa: E402
-                                    study_json, tuning)
+from diff_transformer.study import invocations, records, runner  # noqa: E402
 from diff_transformer import launch  # noqa: E402
 
 flags.DEFINE_string("study", "configs/studies/retrieval.py", "Study file (defines STUDY).")
@@ -102,15 +101,10 @@ def main(argv):
         invocations.record_invocation(results, command(), time.perf_counter() - start,
                                       records.trained_since(results, started), "SIGTERM")
       raise
-    study = tuning.resolve(study, grid)  # tuned cells as the grid chose them
-    runs = runner.collect(study, results, grid)
-    missing = [p for p in study.points() if p not in {r["point"] for r in runs}]
     ran = sum(s.startswith("ran") for s in status.values())
     origin = invocations.provenance(results, command(), time.perf_counter() - start, ran,
                                     rebuild=FLAGS.report_only)
-    result = study_json.build(study, runs, grid, missing, origin)
-    study_json.write_json(result, results)
-    path = markdown.write(result, results)
+    study, runs, path = runner.write_results(study, results, grid, origin)
   print(f"{len(runs)} runs ({ran} trained now); report: {path}")
   if FLAGS.report_only:
     recorded = records.pool([results], grid=False) + records.pool([results], grid=True)

@@ -303,6 +303,15 @@ def test_committed_results_name_no_machine_paths():
   assert not found, found
 
 
+def assert_unbracketed_choices_flagged(data: dict, text: str) -> None:
+  """Every lr choice of a committed study that is not bracketed is named on its report's flag
+  line ('Grid not finished' while its grid is)."""
+  for cell, decision in data["lr_grid"]["decisions"].items():
+    if not decision["bracketed"]:
+      flag = "**Not bracketed**" if decision.get("complete", True) else "**Grid not finished**"
+      assert cell in next(l for l in text.splitlines() if l.startswith(flag)), (cell, flag)
+
+
 def test_the_committed_retrieval_study_is_a_design_that_can_conclude():
   """docs/results/study_retrieval/: >= 8 seeds, not exploratory, an lr per variant that is
   bracketed or reported as not bracketed (or its grid as unfinished), n_determined for the
@@ -312,11 +321,7 @@ def test_the_committed_retrieval_study_is_a_design_that_can_conclude():
   text = (folder / "report.md").read_text()
   assert len(data["study"]["seeds"]) >= 8 and not data["study"]["exploratory"]
   assert data["study"]["design"]["primary"]["can_resolve"]
-  for cell, decision in data["lr_grid"]["decisions"].items():
-    if not decision["bracketed"]:
-      flag = "**Not bracketed**" if decision.get("complete", True) else "**Grid not finished**"
-      line = next(l for l in text.splitlines() if l.startswith(flag))
-      assert cell in line, (cell, flag)
+  assert_unbracketed_choices_flagged(data, text)
   for variant, table in data["paired"].items():
     assert table["steps_to_90"]["n_determined"] <= table["steps_to_90"]["n"], variant
   recorded = {p.stem for p in (folder / "records").glob("*.json")}
@@ -341,10 +346,7 @@ def test_the_committed_lm_study_is_past_early_descent_and_can_conclude():
   assert not data["missing"] and set(compared) == {
       (v, s) for v in data["study"]["variants"] for s in lm.STUDY.seeds}
   assert all(math.isfinite(r["loss"]) for r in compared.values())
-  for cell, decision in data["lr_grid"]["decisions"].items():
-    if not decision["bracketed"]:
-      flag = "**Not bracketed**" if decision.get("complete", True) else "**Grid not finished**"
-      assert cell in next(l for l in text.splitlines() if l.startswith(flag)), (cell, flag)
+  assert_unbracketed_choices_flagged(data, text)
   pilot = [json.loads(p.read_text()) for p in (folder / "pilot").glob("*.loss.json")]
   assert pilot and lm.STUDY.secondary == ()
   assert all(r["ar_hit_context"] == 4 and r["ar_hit"]["loss"] > r["ar_hit"]["ngram_loss"]
@@ -516,18 +518,17 @@ def test_the_committed_tuned_study_records_every_compared_run_at_its_choice():
               (json.loads(p.read_text()) for p in (folder / "records").glob("*.json"))}
   assert not data["missing"] and set(compared) == {
       (v, s) for v in study.variants for s in study.seeds_of(v)}
-  for (variant, _), record in compared.items():
-    choice = grid["tuned"].get(variant)
-    value, lr = ((choice["value"], choice["lr"]) if choice  # a tuned cell: its best pair
-                 else ("rule", grid["chosen"]["transformer@scalerule"]))  # transformer@1
-    assert (record["setting"]["model.norm_out_scale"], record["lr"]) == (value, lr), variant
+  value_of = {cell: value for c in grid["tuned"].values() for value, cell in c["candidates"].items()}
+  for (variant, _), record in compared.items():  # at its candidate's value and grid lr
+    tuned = grid["tuned"].get(variant)  # a tuned cell: the grid's choice; else its parent
+    candidate = tuned["candidate"] if tuned else data["study"]["cells"][variant]["parent"]
+    assert (record["setting"]["model.norm_out_scale"], record["lr"]) == (
+        value_of[candidate], grid["chosen"][candidate]), variant
   for a, b in study.comparisons:
     loss = data["paired"][f"{a} vs {b}"]["loss"]
     assert loss["family"] == "primary" and "p_holm" in loss
     assert loss["n"] == len(set(study.seeds_of(a)) & set(study.seeds_of(b)))
-  for cell, decision in data["lr_grid"]["decisions"].items():
-    if not decision["bracketed"]:
-      assert cell in next(l for l in text.splitlines() if l.startswith("**Not bracketed**"))
+  assert_unbracketed_choices_flagged(data, text)
   for cell, choice in grid["tuned"].items():
     if choice["at_end"]:
       assert cell in next(l for l in text.splitlines()

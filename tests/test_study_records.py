@@ -297,7 +297,7 @@ def test_committed_studies_rebuild_from_their_records_unchanged(tmp_path, name):
   later must not orphan them), and study.json and report.md rebuild from them byte for byte,
   apart from the note that names the rebuild."""
   import shutil
-  from diff_transformer.study import markdown, runner, study_json, tuning
+  from diff_transformer.study import runner
   committed = ROOT / "docs" / "results" / f"study_{name}"
   results = tmp_path / name
   shutil.copytree(committed, results)
@@ -305,12 +305,8 @@ def test_committed_studies_rebuild_from_their_records_unchanged(tmp_path, name):
                               "STUDY").validate()
   status, grid = runner.run(study, "", tmp_path / "root", results, train=False)
   assert set(status.values()) == {"recorded"}, status
-  study = tuning.resolve(study, grid)  # tuned cells as the grid chose them, as study.py does
-  runs = runner.collect(study, results, grid)
   origin = invocations.provenance(results, "python study.py --report_only", 0.0, 0, rebuild=True)
-  result = study_json.build(study, runs, grid, [], origin)
-  study_json.write_json(result, results)
-  markdown.write(result, results)
+  runner.write_results(study, results, grid, origin)  # the writing study.py does
   rebuilt, before = (json.loads((d / "study.json").read_text()) for d in (results, committed))
   assert rebuilt["study"].pop("rebuilt")["command"] == "python study.py --report_only"
   before["study"].pop("rebuilt", None)  # a committed rebuild names its own

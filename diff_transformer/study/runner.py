@@ -15,7 +15,7 @@ from diff_transformer.data import synthetic
 from diff_transformer.errors import ConfigError
 from diff_transformer.evaluation import floors
 from diff_transformer.paths import write_atomic
-from diff_transformer.study import pins, records, tuning
+from diff_transformer.study import markdown, pins, records, study_json, tuning
 from diff_transformer.study.cells import plural
 from diff_transformer.study.definition import Study
 from diff_transformer.study.points import COMPARED, GRID, PointKind
@@ -224,3 +224,16 @@ def collect(study: Study, results: str | Path, grid: dict) -> list[dict]:
     if record is not None:
       out.append({k: v for k, v in record.items() if k != "setting"})
   return out
+
+
+def write_results(study: Study, results: str | Path, grid: dict, origin: dict
+                  ) -> tuple[Study, list[dict], str]:
+  """study.json and report.md from the records in `results`, the tuned cells as the grid chose
+  them and every point without a record named as missing: (the study so resolved, its runs, the
+  report's name). study.py and the committed studies' rebuild test both write through here."""
+  study = tuning.resolve(study, grid)
+  runs = collect(study, results, grid)
+  missing = [p for p in study.points() if p not in {r["point"] for r in runs}]
+  result = study_json.build(study, runs, grid, missing, origin)
+  study_json.write_json(result, Path(results))
+  return study, runs, markdown.write(result, Path(results))
