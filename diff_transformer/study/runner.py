@@ -227,10 +227,10 @@ def collect(study: Study, results: str | Path, grid: dict) -> list[dict]:
 
 
 def write_results(study: Study, results: str | Path, grid: dict, origin: dict
-                  ) -> tuple[Study, list[dict], str]:
+                  ) -> tuple[Study, list[dict], Path]:
   """study.json and report.md from the records in `results`, the tuned cells as the grid chose
   them and every point without a record named as missing: (the study so resolved, its runs, the
-  report's name). study.py and the committed studies' rebuild test both write through here."""
+  report's path). study.py and the committed studies' rebuild test both write through here."""
   study = tuning.resolve(study, grid)
   runs = collect(study, results, grid)
   missing = [p for p in study.points() if p not in {r["point"] for r in runs}]
