@@ -37,6 +37,10 @@ setup(
         "tpu": ["jax[tpu]>=0.10.2,<0.11"],
         "cuda12": ["jax[cuda12]>=0.10.2,<0.13"],
         "cuda13": ["jax[cuda13]>=0.10.2,<0.13"],  # the H200 check ran jax 0.11.2 with CUDA 13
+        # Compiling for NVIDIA GPUs on a host without one (aot_compile.py --topology=h100:8):
+        # jax's CUDA plugin of the installed jax and ptxas, not the CUDA runtime (about 230 MB).
+        # Tested: jax 0.10.2 (Python 3.11) and 0.12.0.1 (Python 3.12), nvidia-cuda-nvcc-cu12 12.9.
+        "gpu-aot": ["jax[cuda12-local]>=0.10.2,<0.13", "nvidia-cuda-nvcc-cu12>=12.4,<13"],
         # Hugging Face export/import, lm-eval and tiktoken files. Tested: transformers 5.23.0 with
         # torch 2.13.0+cpu and transformers 5.24.0 with torch 2.14.1; safetensors 0.8.0, lm-eval
         # 0.4.13, accelerate 1.15.0 (lm-eval's hf model needs it), tiktoken 0.14.0. For the CPU build of torch add

@@ -1,8 +1,9 @@
 """The train step's cuDNN attention calls, read from the step lowered for a CUDA GPU on a CPU host.
 
 jax lowers its cuDNN entry for a CUDA target without a GPU once the entry's cuDNN-version and
-compute-capability queries are answered (`cuda_queries_answered`: cuDNN 9.12, compute
-capability 9.0) and `cudnn.exact_reason()` allows the exact layout. Nothing compiles:
+compute-capability queries are answered (`cudnn.deviceless`: cuDNN 9.12, compute capability
+9.0; `cudnn.exact_reason()` then allows the exact layout). Nothing compiles (aot_compile.py
+compiles it: docs/performance.md):
 
     jax.jit(step).trace(*ShapeDtypeStructs).lower(lowering_platforms=("cuda",)).as_text()
 
@@ -19,7 +20,6 @@ cudnn-frontend's source, not seen on a GPU).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import re
@@ -46,25 +46,7 @@ _TENSOR = re.compile(r"tensor<((?:\d+x)*)(\w+)>")
 _CONFIG = re.compile(r'\\22(mask_type|max_seg_per_batch)\\22: (?:\\22)?(\w+)')
 
 
-@contextlib.contextmanager
-def cuda_queries_answered(cudnn_version: int = 91200):
-  """jax's cuDNN entry answers its queries as on a Hopper GPU with this cuDNN, and the cudnn
-  kernel takes its exact layout: the step then lowers for CUDA here. Restored on exit."""
-  from jax._src.cudnn import fused_attention_stablehlo as entry
-  patches = {"check_cudnn_version": lambda *a, **k: cudnn_version,
-             "check_compute_capability": lambda *a, **k: True,
-             "is_cuda_compute_capability_equal": lambda *a, **k: False}
-  saved = {name: getattr(entry, name) for name in patches if hasattr(entry, name)}
-  saved_reason = cudnn.exact_reason
-  try:
-    for name in saved:
-      setattr(entry, name, patches[name])
-    cudnn.exact_reason = lambda: ""
-    yield
-  finally:
-    for name, fn in saved.items():
-      setattr(entry, name, fn)
-    cudnn.exact_reason = saved_reason
+CUDNN_ANSWERED = 91200  # the cuDNN version jax's entry is told (cudnn.deviceless)
 
 
 def lowered_step(variant: str, size: str, seq_len: int, batch: int, *, packed: bool,
@@ -79,7 +61,7 @@ def lowered_step(variant: str, size: str, seq_len: int, batch: int, *, packed: b
   trainer = Trainer(config, make_mesh(config.mesh))
   rows = {k: jax.ShapeDtypeStruct((batch, seq_len), jnp.float32 if k == "weights" else jnp.int32)
           for k in ("inputs", "targets", "segment_ids", "positions", "weights")}
-  with cuda_queries_answered():
+  with cudnn.deviceless(CUDNN_ANSWERED, 9.0):
     return trainer.lower_train_step(rows, platforms=("cuda",)).as_text()
 
 
@@ -181,7 +163,7 @@ def main() -> None:
                                                        "error")}), flush=True)
     # The layout before the cap: one cuDNN sequence per token (max_seg_per_batch = T).
     rows.append(summary("diff", size, seq_len, batch, True, max_segments=seq_len))
-  out = dict(jax=jax.__version__, cudnn_version_answered=91200, steps=STEPS,
+  out = dict(jax=jax.__version__, cudnn_version_answered=CUDNN_ANSWERED, steps=STEPS,
              accumulator_limit_bytes=ACCUMULATOR_LIMIT, max_segments=cudnn.MAX_SEGMENTS,
              rows=rows)
   Path(args.json).write_text(json.dumps(out, indent=1) + "\n")

@@ -312,14 +312,12 @@ def test_the_layout_switch_forces_the_padded_layout_and_a_bad_value_is_one_line(
   from diff_transformer.errors import ConfigError
   try:
     monkeypatch.setenv(cudnn.LAYOUT_ENV, "padded")
-    cudnn.exact_reason.cache_clear()
     assert cudnn.exact_reason() == f"{cudnn.LAYOUT_ENV}=padded forces it"
     monkeypatch.setenv(cudnn.LAYOUT_ENV, "fast")
     with pytest.raises(ConfigError, match=f"^{cudnn.LAYOUT_ENV}: 'fast' is not one of exact, padded"):
       validate(base_config())
   finally:
     monkeypatch.undo()
-    cudnn.exact_reason.cache_clear()
   assert cudnn.exact_reason() != f"{cudnn.LAYOUT_ENV}=padded forces it"
 
 

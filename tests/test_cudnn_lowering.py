@@ -18,8 +18,8 @@ from diff_transformer.kernels import auto, cudnn  # noqa: E402
 from diff_transformer.model.attention import PAPER_VARIANTS, spec_from_config  # noqa: E402
 from diff_transformer.model.attention import kernel_inputs  # noqa: E402
 
-# The 830M step at 2K and the 3B step at 4K, as the GPU jobs train them.
-CASES = [STEPS[0], STEPS[2]]
+# The 830M step at 2K and the 3B steps at 2K and 4K, as the GPU jobs train them.
+CASES = list(STEPS)
 HEAD_WIDTH = {"830m": 96, "3b": 128}
 
 
@@ -79,3 +79,19 @@ def test_the_lowering_leaves_this_process_as_it_was():
   """The answered queries are restored: here the exact layout is refused again."""
   lowered_step("transformer", *STEPS[0][:2], 1, packed=False)
   assert cudnn.exact_reason() != "" or jax.default_backend() == "gpu"
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_the_layout_switch_lowers_the_padded_layout(monkeypatch, packed):
+  """DIFF_TRANSFORMER_CUDNN_LAYOUT=padded on a GPU: DIFF V1's q/k padded to the values' 192,
+  and packed rows as a dense mask (a bias operand) instead of cuDNN's packed layout."""
+  monkeypatch.setenv(cudnn.LAYOUT_ENV, "padded")
+  size, seq_len, batch = STEPS[0]
+  calls = fmha_calls(lowered_step("diff", size, seq_len, batch, packed=packed))
+  assert sorted(c["kind"] for c in calls) == (
+      ["ScaleBiasSoftmax", "ScaleBiasSoftmaxBackward"] if packed else ["Softmax", "SoftmaxBackward"])
+  forward = next(c for c in calls if not c["backward"])
+  q, k, v = (forward["operands"][i]["shape"][3] for i in range(3))
+  assert q == k == v == 2 * HEAD_WIDTH["830m"]
+  assert forward["max_seg_per_batch"] in (0, 1)
+

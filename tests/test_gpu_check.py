@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -197,11 +198,15 @@ def test_each_gpu_job_rehearses_on_cpu_through_the_shell(tmp_path, job):
   """The job's own entries (filters and all) through tools/gpu_check.sh at tiny shapes: every
   stage exits 0 and no cell is an error; job 1 trains causal and document-masked rows, job 2
   the 3B rows' entry."""
-  proc = subprocess.run(["bash", "tools/gpu_check.sh", "--job", str(job), "--cpu", str(tmp_path)],
+  out = tmp_path / "out"
+  proc = subprocess.run(["bash", "tools/gpu_check.sh", "--job", str(job), "--cpu", str(out)],
                         cwd=ROOT, capture_output=True, text=True, timeout=400)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  assert [p.name for p in out.iterdir()] == [f"gpu_check_job{job}.tar.gz"]  # one archive
+  with tarfile.open(out / f"gpu_check_job{job}.tar.gz") as archive:
+    archive.extractall(tmp_path / "records", filter="data")
   records = {p.stem.removeprefix("gpu_check_"): json.loads(p.read_text())
-             for p in tmp_path.glob("gpu_check_*.json")}
+             for p in (tmp_path / "records").glob("gpu_check_*.json")}
   cells = [c for r in records.values() for c in r.get("cells", [])]
   assert cells and not [c for c in cells if "error" in c or c.get("ok") is False]
   if job == 1:
@@ -211,6 +216,7 @@ def test_each_gpu_job_rehearses_on_cpu_through_the_shell(tmp_path, job):
         *((v, "causal") for v in ("transformer", "diff", "shared_diff", "diff_v2")),
         ("diff", "document"), ("transformer", "document")}
     assert all(c["tokens_per_s"] > 0 for c in train)
+    assert all(c["compiled_gib"] > 0 and c["remat"] == "none" for c in train)  # compiled first
     assert {(c["layout"], c["packed"]) for c in records["correctness"]["cells"]} == {
         (size, packed) for size in ("830m", "3b") for packed in (False, True)}
   else:
@@ -222,3 +228,28 @@ def test_an_unknown_job_is_refused_before_anything_runs(tmp_path):
                         cwd=ROOT, capture_output=True, text=True, timeout=60)
   assert proc.returncode == 2 and "invalid choice" in proc.stderr
   assert not list(tmp_path.iterdir())
+
+
+def test_a_cell_over_the_memory_is_compiled_again_with_remat_then_refused():
+  """The train stage compiles every cell first: one whose peak (plus the margin) is over what jax
+  may take is compiled again with remat 'full'; still over, it is refused, naming its peak and
+  the limit, before anything runs. Under the limit a cell is left as it is."""
+  sys.path.insert(0, str(ROOT / "benchmarks"))
+  from bench_common import small_config, synthetic_batch
+  from benchmarks.gpu_check.common import FIXED_MARGIN_BYTES, fit_to_memory
+  from diff_transformer.mesh import global_batch, make_mesh
+  from diff_transformer.training.step import Trainer
+
+  config = small_config("diff", seq_len=32, batch=2)
+  trainer = Trainer(config, make_mesh(config.mesh))
+  data = global_batch(trainer.mesh, synthetic_batch(2, 32, config.model.vocab_size))
+  step = trainer.lower_train_step(data).compile()
+  roomy = [dict(trainer=trainer, data=data)]
+  fit_to_memory(roomy, {0: step}, FIXED_MARGIN_BYTES + 2 ** 30)
+  assert roomy[0]["remat"] == "none" and roomy[0]["compiled_gib"] > 0
+  tight = [dict(trainer=trainer, data=data)]
+  compiled = {0: step}
+  fit_to_memory(tight, compiled, FIXED_MARGIN_BYTES + 1024)
+  assert tight[0]["remat"] == "full" and tight[0]["compiled_gib_no_remat"] > 0
+  assert isinstance(compiled[0], MemoryError)
+  assert "refused before running: compiled peak" in str(compiled[0]) and "remat full" in str(compiled[0])

@@ -6,7 +6,10 @@
 #                                            # lacks, as Python 3.12 wheels, into .whl/
 #   bash tools/gpu_check.sh --job 1|2 [OUT]  # on the GPU machine, one time-limited job (its
 #                                            # stages' caps add up to 8 minutes; default OUT: $OUT
-#                                            # or benchmarks/results); installs .whl/ with --no-deps
+#                                            # or benchmarks/results); installs .whl/ with --no-deps;
+#                                            # its records in ONE archive, OUT/gpu_check_job<N>.tar.gz,
+#                                            # rewritten after every stage (tar xzf it into
+#                                            # benchmarks/results/)
 #   bash tools/gpu_check.sh [OUT]            # every stage at its own cap (longer than one job)
 #   bash tools/gpu_check.sh --job 1 --cpu [OUT]  # a job rehearsed at tiny shapes on any machine
 #   DIFF_TRANSFORMER_CUDNN_LAYOUT=padded bash tools/gpu_check.sh --job 1
@@ -36,6 +39,10 @@ fi
 "${STAGES_PY[@]}" --check "${CAPS[@]}" || exit 2  # every entry named before any stage runs
 OUT_DIR="${1:-${OUT:-benchmarks/results}}"
 mkdir -p "$OUT_DIR"
+STAGE_DIR="$OUT_DIR" ARCHIVE=""
+if [[ "$JOB" != 0 ]]; then  # a job's output carries back few files: one archive of them all
+  STAGE_DIR="$(mktemp -d)" ARCHIVE="$OUT_DIR/gpu_check_job$JOB.tar.gz"
+fi
 gpu_env /tmp/gpu_check_jax_cache "$([[ ${#MODE[@]} -gt 0 ]] && echo cpu)" || exit 1
 FAILED=()
 for entry in "${CAPS[@]}"; do
@@ -47,9 +54,12 @@ for entry in "${CAPS[@]}"; do
   # most of that stage), so XLA need not autotune its GEMMs there.
   [[ "$stage" == correctness ]] && flags="$flags --xla_gpu_autotune_level=0"
   XLA_FLAGS="$flags" timeout --kill-after=10 "$cap" "$PYTHON" -m benchmarks.gpu_check \
-    --stage "$stage" --out "$OUT_DIR" --seconds "$cap" "${MODE[@]}" "${EXTRA[@]}"
+    --stage "$stage" --out "$STAGE_DIR" --seconds "$cap" "${MODE[@]}" "${EXTRA[@]}"
   status=$?
   echo "== $stage exit status $status"
+  if [[ -n "$ARCHIVE" ]]; then  # every finished stage is in the archive, whatever comes next
+    tar czf "$ARCHIVE.part" -C "$STAGE_DIR" . && mv "$ARCHIVE.part" "$ARCHIVE"
+  fi
   [[ $status == 0 ]] || FAILED+=("$stage")
 done
 # Every stage ran and left its JSON; the status says whether one failed or hit its cap.

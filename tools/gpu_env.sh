@@ -25,4 +25,7 @@ gpu_env() {  # $1: the persistent compile cache; $2: "cpu" keeps this machine's 
   export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
   export JAX_COMPILATION_CACHE_DIR="${JAX_COMPILATION_CACHE_DIR:-$1}"
   export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 TF_CPP_MIN_LOG_LEVEL=2
+  # The memory jax takes, set rather than jax's default 0.75: the launch fraction the compiled
+  # fits assume for an H100 and an H200 (diff_transformer/aot/gpu.py Gpu.launch_fraction).
+  export XLA_PYTHON_CLIENT_MEM_FRACTION="${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.90}"
 }

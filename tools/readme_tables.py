@@ -92,6 +92,36 @@ def aot_table() -> str:
   return "\n".join(out)
 
 
+def gpu_plan_table(files: str) -> str:
+  """One row per preset, one column pair per GPU node file (aot_compile.py --all_presets on GPU
+  nodes): what to launch with and its compiled peak against the usable memory."""
+  plans = [(name, _load(name)) for name in files.split(",")]
+  missing = [name for name, rows in plans if rows is None]
+  if missing:
+    return f"(not compiled yet: {', '.join(missing)}; aot_compile.py --all_presets --topology=...)"
+  head = "| preset |" + "".join(
+      f" {rows[0]['topology']}: launch | peak + margin / usable GiB |" for _, rows in plans)
+  out = [head, "|---|" + "---|---|" * len(plans)]
+  by_preset = [{r["preset"]: r for r in rows} for _, rows in plans]
+  for preset in by_preset[0]:
+    cells = []
+    for table in by_preset:
+      r = table.get(preset, {})
+      launch = r.get("launch")
+      if not launch:
+        tried = [t for p in r.get("plans", []) for t in p["tried"] if t["compiled"]]
+        least = min((t["total_gib"] for t in tried), default=float("nan"))
+        cells += ["nothing fits on 2 nodes", f"{least:.1f} (least tried)"]
+        continue
+      gpus = launch["mesh"]["data"] * launch["mesh"]["fsdp"] * launch["mesh"]["tensor"]
+      cells += [f"{gpus} GPUs, {launch['per_device_batch']} x {launch['micro_batches']}, "
+                f"remat {launch['remat']}",
+                f"{launch['total_gib']:.1f} + {launch['margin_gib']:.1f} / "
+                f"{launch['usable_gib']:.1f}"]
+    out.append(f"| `{preset}` | " + " | ".join(cells) + " |")
+  return "\n".join(out)
+
+
 def throughput_table() -> str:
   d = _load("throughput.json")
   if d is None:
@@ -164,7 +194,7 @@ BLOCKS = {"presets": preset_table, "kernels": kernel_tables, "aot": aot_table,
 
 
 # Blocks that name their inputs: <!-- gpu_train:a.json,b.json:begin --> ... :end -->
-BLOCKS_WITH_ARGUMENT = {"gpu_train": gpu_train_table}
+BLOCKS_WITH_ARGUMENT = {"gpu_train": gpu_train_table, "gpu_plan": gpu_plan_table}
 
 
 def render(text: str, page: str = "README.md") -> str:

@@ -16,13 +16,16 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import jax
+import ml_collections
 import numpy as np
 
 from bench_common import paper_config, small_config
+from diff_transformer.aot.gpu import FIXED_MARGIN_BYTES, GIB
 from diff_transformer.errors import first_line
 from diff_transformer.kernels import auto, cudnn
 from diff_transformer.model.attention import PAPER_VARIANTS
 from diff_transformer.paths import write_atomic
+from diff_transformer.training.step import Trainer
 
 PACKAGES = ("jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda13-pjrt", "flax", "optax",
             "orbax-checkpoint", "chex", "grain", "ml-collections", "numpy", "triton",
@@ -198,3 +201,44 @@ def model_config(run: StageRun, variant: str, *, seq_len: int, batch: int, kerne
                    kernel=kernel, size=o.size)
   c.model.remat = o.remat
   return c
+
+
+def compiled_gib(executable) -> float | None:
+  """A compiled step's peak per device (arguments + outputs + temporaries - aliased), GiB."""
+  mem = executable.memory_analysis()
+  if mem is None:
+    return None
+  return (mem.argument_size_in_bytes + mem.output_size_in_bytes + mem.temp_size_in_bytes
+          - mem.alias_size_in_bytes) / GIB
+
+
+def fit_to_memory(runs: list[dict], compiled: dict, limit: int | None) -> None:
+  """Before anything runs: each cell's compiled peak (`compiled_gib`, on this device: cuDNN's
+  workspace counted, as the deviceless compile of aot_compile.py cannot) against the memory
+  jax may take (`limit`, XLA_PYTHON_CLIENT_MEM_FRACTION of the device's) less a margin. A cell
+  over it is compiled again with remat 'full'; still over, it is refused with its peak, and
+  nothing of it runs. Without a limit (CPU) the peaks are only recorded."""
+  for i, r in enumerate(runs):
+    if isinstance(compiled[i], BaseException) or "trainer" not in r:
+      continue
+    r["compiled_gib"] = peak = compiled_gib(compiled[i])
+    r["remat"] = r["trainer"].config.model.remat
+    if not limit or peak is None or peak * GIB + FIXED_MARGIN_BYTES <= limit:
+      continue
+    if r["remat"] != "full":
+      config = ml_collections.ConfigDict(r["trainer"].config.to_dict())
+      config.model.remat = "full"
+      try:
+        trainer = Trainer(config, r["trainer"].mesh)
+        step = trainer.lower_train_step(r["data"]).compile()
+        remat_peak = compiled_gib(step)
+      except Exception as e:  # recorded per cell
+        compiled[i] = e
+        continue
+      r.update(trainer=trainer, remat="full", compiled_gib_no_remat=peak, compiled_gib=remat_peak)
+      compiled[i], peak = step, remat_peak
+      if peak is None or peak * GIB + FIXED_MARGIN_BYTES <= limit:
+        continue
+    compiled[i] = MemoryError(f"refused before running: compiled peak {peak:.1f} GiB (remat "
+                              f"{r['remat']}) + {FIXED_MARGIN_BYTES / GIB:.0f} GiB margin over the "
+                              f"{limit / GIB:.1f} GiB jax may take")

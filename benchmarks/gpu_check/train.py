@@ -23,7 +23,8 @@ import numpy as np
 
 from bench_common import Stepper, interleaved_times, spread, synthetic_batch
 from benchmarks.gpu_check.common import (Deadline, Record, StageRun, compile_all, error_text,
-                                         model_config)
+                                         fit_to_memory, model_config)
+from diff_transformer.aot.gpu import FIXED_MARGIN_BYTES, GIB
 from diff_transformer.mesh import global_batch, make_mesh
 from diff_transformer.model.attention import spec_from_config
 from diff_transformer.params import count
@@ -56,7 +57,10 @@ def stage_train(stage: StageRun, timing: bool = True) -> None:
   runs, lowered = _runs(stage, timing, tokens, lengths, masks)
   start = time.time()
   compiled = compile_all(lowered, 16)
-  rec.set(compile_s=round(time.time() - start, 1), programs=len(lowered))
+  limit = (jax.devices()[0].memory_stats() or {}).get("bytes_limit")
+  fit_to_memory(runs, compiled, limit)
+  rec.set(compile_s=round(time.time() - start, 1), programs=len(lowered),
+          usable_gib=limit and round(limit / GIB, 2), margin_gib=FIXED_MARGIN_BYTES / GIB)
   one_state, state_gib = one_state_at_a_time(runs, opts.states)
   rec.set(states="one at a time" if one_state else "all resident", state_gib=state_gib)
   states = {}
@@ -78,7 +82,7 @@ def stage_train(stage: StageRun, timing: bool = True) -> None:
       ready[i] = r
     if timing and deadline.left() > 0 and ready:
       try:
-        _time_group(ready, compiled, states, rounds, steps, peak * 1e12, one_state)
+        _time_group(ready, compiled, states, rounds, steps, peak * 1e12, one_state, deadline)
       except Exception as e:  # a failure only in company: every cell of the group says so
         for r in ready.values():
           r.setdefault("error", error_text(e))
@@ -160,10 +164,12 @@ def one_state_at_a_time(runs: list[dict], states: str) -> tuple[bool, dict]:
 
 
 def _time_group(ready: dict, compiled: dict, states: dict, rounds: int, steps: int,
-                peak_flops: float, one_state: bool = False) -> None:
+                peak_flops: float, one_state: bool = False, deadline: Deadline | None = None
+                ) -> None:
   """Interleaved rounds over the group's variants; state threads through (donated). One state
   at a time: before each variant's turn the last state is dropped, a fresh one made and
-  stepped once (its warm-up), all untimed; the timed steps run as they would in training."""
+  stepped once (its warm-up), all untimed; the timed steps run as they would in training.
+  Rounds stop at `deadline` once every variant has one (what was measured is kept)."""
   calls = {i: Stepper(compiled[i], r["data"], states, r["variant"]) for i, r in ready.items()}
   if not one_state:  # each step alone first (its warm-up): a failing variant costs its own cell
     for i in list(calls):
@@ -178,7 +184,7 @@ def _time_group(ready: dict, compiled: dict, states: dict, rounds: int, steps: i
     states[ready[i]["variant"]] = ready[i]["trainer"].init()
     jax.block_until_ready(calls[i]())
 
-  times = interleaved_times(calls, rounds, inner=steps,
+  times = interleaved_times(calls, rounds, inner=steps, deadline=deadline,
                             before_call=fresh_state if one_state else None, warm=False)
   losses = {i: float(call.metrics["loss"]) for i, call in calls.items()}
   base = next((i for i in calls if ready[i]["variant"] == "transformer"), None)

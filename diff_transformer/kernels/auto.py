@@ -15,7 +15,8 @@
 - TPU (by rule, not measured here): the fused Pallas (Mosaic) kernel.
 An explicit mask (KV-cache decoding) always takes 'xla': the fused kernels take causal and
 segment masks only. The platform is the default backend at trace time, or the one set by
-`target_platform` (aot.py compiles for a TPU from a CPU host under `target_platform("tpu")`).
+`target_platform` (diff_transformer/aot/ compiles for a TPU or a CUDA GPU from a CPU host under
+`target_platform("tpu")` or `target_platform("gpu", compute_capability=9.0)`).
 """
 from __future__ import annotations
 
@@ -26,15 +27,17 @@ import jax.numpy as jnp
 
 CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
 CUDNN_MAX_WIDTH = {"hopper": 256, "older": 128}  # by compute capability 9.0+ or below
-_TARGETS: list[str] = []  # innermost target_platform last
+# (platform, compute capability or None), innermost target_platform last
+_TARGETS: list[tuple[str, float | None]] = []
 
 
 @contextlib.contextmanager
-def target_platform(platform: str):
+def target_platform(platform: str, compute_capability: float | None = None):
   """Inside: every 'auto' (model.kernel, model.layer_loop) chooses for `platform` instead of the
   default backend (a program traced here runs elsewhere, e.g. an ahead-of-time TPU compile on a
-  CPU host). Trace a fresh jitted function here: jax's trace cache does not see the target."""
-  _TARGETS.append(platform)
+  CPU host), and a GPU's width limits are those of `compute_capability` (the target GPU's, not
+  this host's). Trace a fresh jitted function here: jax's trace cache does not see the target."""
+  _TARGETS.append((platform, compute_capability))
   try:
     yield
   finally:
@@ -44,20 +47,30 @@ def target_platform(platform: str):
 def target() -> str:
   """The platform a program traced now is for: the innermost target_platform, else the default
   backend ('cpu', 'gpu', 'tpu')."""
-  return _TARGETS[-1] if _TARGETS else jax.default_backend()
+  return _TARGETS[-1][0] if _TARGETS else jax.default_backend()
+
+
+def target_compute_capability() -> float:
+  """The compute capability a program traced now is for: the innermost one a target_platform
+  names, else this host's first GPU's (0.0 without a GPU)."""
+  named = [capability for _, capability in _TARGETS if capability is not None]
+  return float(named[-1]) if named else local_compute_capability()
 
 
 def choose(q1, k1, v, *, explicit_mask: bool = False, platform: str | None = None,
            compute_capability: float | None = None) -> str:
   """The kernel name 'auto' stands for with these inputs (arrays or ShapeDtypeStructs).
-  `compute_capability`: the GPU's; by default read from this host's first GPU (none: the
-  pre-Hopper limit)."""
+  `compute_capability`: the GPU's; by default the target's (target_platform), else this host's
+  first GPU's (none: the pre-Hopper limit)."""
   platform = platform or target()
   if explicit_mask or platform == "cpu":
     return "xla"
   if platform == "tpu":
     return "pallas"
-  return "pallas" if cudnn_refusal(q1, k1, v, compute_capability=compute_capability) else "cudnn"
+  from diff_transformer.kernels import cudnn_layout  # it imports this module
+  exact = not cudnn_layout.exact_reason()  # the exact layout checks q/k's own width too
+  refused = cudnn_refusal(q1, k1, v, compute_capability=compute_capability, exact=exact)
+  return "pallas" if refused else "cudnn"
 
 
 def cudnn_refusal(q1, k1, v, *, compute_capability: float | None = None,
@@ -68,7 +81,7 @@ def cudnn_refusal(q1, k1, v, *, compute_capability: float | None = None,
   if q1.dtype not in CUDNN_DTYPES:
     return f"dtype {jnp.dtype(q1.dtype).name} (cuDNN takes bfloat16 or float16)"
   if compute_capability is None:
-    compute_capability = local_compute_capability()
+    compute_capability = target_compute_capability()
   limit = CUDNN_MAX_WIDTH["hopper" if compute_capability >= 9.0 else "older"]
   widths = (k1.shape[-1], v.shape[-1]) if exact else (max(k1.shape[-1], v.shape[-1]),)
   for width in widths:

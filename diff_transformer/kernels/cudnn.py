@@ -25,58 +25,28 @@ Which layout runs, and why, is said once per process.
 from __future__ import annotations
 
 import functools
-import os
+import math
 
 import jax
 import jax.numpy as jnp
 
-from diff_transformer.errors import ConfigError
+from diff_transformer import sharding
 from diff_transformer.kernels import common
+# Which layout runs is cudnn_layout's to say; its names are this module's too.
+from diff_transformer.kernels.cudnn_layout import LAYOUT_ENV as LAYOUT_ENV  # noqa: F401
+from diff_transformer.kernels.cudnn_layout import MLA_MIN_CUDNN as MLA_MIN_CUDNN  # noqa: F401
+from diff_transformer.kernels.cudnn_layout import deviceless as deviceless  # noqa: F401
+from diff_transformer.kernels.cudnn_layout import exact_reason
+from diff_transformer.kernels.cudnn_layout import forced_layout as forced_layout  # noqa: F401
 
 Array = jax.Array
-# cuDNN 9.10.2: values wider than q/k (jax's "mla" check asks for 9.10; cudnn-frontend refuses
-# the bf16 forward of that case on 9.10.0 and 9.10.1).
-MLA_MIN_CUDNN = 91002
 # Packed rows: jax offsets k and v by the key's head count from 0.11.2 (earlier, by the
 # query's, which misplaces GQA's keys); by q's head width in every version.
 KV_OFFSETS_BY_KEY_HEADS = jax.__version_info__ >= (0, 11, 2)
 # The sequences (documents) a packed row may hold in cuDNN's packed layout (model.max_segments).
 # cuDNN's batch is rows x this cap, so its softmax statistics are [B * cap, heads, T] float32.
 MAX_SEGMENTS = 16
-LAYOUT_ENV = "DIFF_TRANSFORMER_CUDNN_LAYOUT"  # "padded" forces the padded layout; "" or "exact"
 _SAID: set[str] = set()
-
-
-def forced_layout() -> str:
-  """The layout DIFF_TRANSFORMER_CUDNN_LAYOUT forces ('padded'), or '' (the exact one where it
-  runs); any other value is a ConfigError naming the variable."""
-  value = os.environ.get(LAYOUT_ENV, "").strip()
-  if value not in ("", "exact", "padded"):
-    raise ConfigError(f"{LAYOUT_ENV}: '{value}' is not one of exact, padded (or unset)")
-  return "padded" if value == "padded" else ""
-
-
-@functools.cache
-def exact_reason() -> str:
-  """'' when this process can call cuDNN at the model's own widths with packed rows, else why
-  not (one line)."""
-  if forced_layout():
-    return f"{LAYOUT_ENV}=padded forces it"
-  try:
-    from jax._src.cudnn import fused_attention_stablehlo as entry
-  except ImportError as e:
-    return f"this jax has no cuDNN entry of its own ({e})"
-  if jax.default_backend() != "gpu":
-    return f"the backend is {jax.default_backend()}, not a CUDA GPU"
-  try:
-    version = entry.check_cudnn_version()
-  except Exception as e:  # noqa: BLE001  (jax raises RuntimeError; a plugin may raise others)
-    return f"cuDNN not found ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
-  if version < MLA_MIN_CUDNN:
-    return f"cuDNN {version} is older than 9.10.2"
-  if not entry.check_compute_capability("9.0"):
-    return "the GPU's compute capability is below 9.0"
-  return ""
 
 
 def _say_once(line: str) -> None:
@@ -118,6 +88,14 @@ def cudnn_exact(q, k, v, *, scale, causal, q_seqlen=None, kv_seqlen=None, q_offs
     mask_type = kinds.CAUSAL if causal else kinds.NO_MASK
   else:
     mask_type = kinds.PADDING_CAUSAL if causal else kinds.PADDING
+    # Sharded by rows as q is: left to propagation, the offsets come out replicated and jax's
+    # cuDNN partitioner then gathers every row onto every device (seen in the deviceless H100
+    # compile: each of 8 GPUs attending over all 16 rows).
+    q_seqlen, kv_seqlen, q_offsets, kv_offsets = (
+        sharding.constrain(x, (sharding.BATCH, None))
+        for x in (q_seqlen, kv_seqlen, q_offsets, kv_offsets))
+  q, k, v = (sharding.constrain(x, (sharding.BATCH, sharding.LENGTH, sharding.ACT_HEADS, None))
+             for x in (q, k, v))
   return entry.dot_product_attention(q, k, v, q_seqlen=q_seqlen, kv_seqlen=kv_seqlen,
                                      q_offsets=q_offsets, kv_offsets=kv_offsets, scale=scale,
                                      mask_type=mask_type)
@@ -169,9 +147,31 @@ def _padded(q, k, v, *, scale, causal, segment_ids, mask, implementation) -> Arr
     bias_mask = mask.astype(bool)[:, None]
   elif segment_ids is not None:
     bias_mask = (segment_ids[:, :, None] == segment_ids[:, None, :])[:, None]
+  if bias_mask is not None:
+    q, k, v, bias_mask = _sharded_as_query(q, k, v, bias_mask)
   return jax.nn.dot_product_attention(
       q, k, v, scale=scale, is_causal=causal and mask is None, mask=bias_mask,
       implementation=implementation)
+
+
+def _sharded_as_query(q_BTNH: Array, k_BTKH: Array, v_BTKH: Array, mask_B1TT: Array
+                      ) -> tuple[Array, Array, Array, Array]:
+  """q, k, v and the dense mask sharded alike on batch and heads, as jax's cuDNN partitioner
+  demands under a mesh (else: "Query and bias should have same sharding on batch and num_head
+  dim"); where the heads are split over devices the mask is broadcast to every head first."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh is None or mesh.empty:
+    return q_BTNH, k_BTKH, v_BTKH, mask_B1TT
+  heads_axes = sharding.mesh_axes(mesh, sharding.ACT_HEADS)
+  split = heads_axes is not None and math.prod(
+      mesh.shape[a] for a in ((heads_axes,) if isinstance(heads_axes, str) else heads_axes)) > 1
+  if split:
+    mask_B1TT = jnp.broadcast_to(mask_B1TT, (mask_B1TT.shape[0], q_BTNH.shape[2])
+                                 + mask_B1TT.shape[2:])
+  names = (sharding.BATCH, sharding.LENGTH, sharding.ACT_HEADS, None)
+  return (sharding.constrain(q_BTNH, names), sharding.constrain(k_BTKH, names),
+          sharding.constrain(v_BTKH, names),
+          sharding.constrain(mask_B1TT, (sharding.BATCH, sharding.ACT_HEADS, None, None)))
 
 
 def attention(q1, k1, v, q2=None, k2=None, lam=None, *, segment_ids=None, causal=True, scale=None,

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from diff_transformer.kernels import common
+from diff_transformer.kernels import auto, common
 from diff_transformer.kernels.pallas import tpu, triton
 from diff_transformer.kernels.pallas._math import KernelConfig
 
@@ -105,7 +105,7 @@ def attention(q1, k1, v, q2=None, k2=None, lam=None, *, segment_ids=None, causal
   batch, length, heads, dim = q1.shape
   if k1.shape[1] != length:
     raise NotImplementedError("pallas attention: needs T == S (self-attention); decode via xla")
-  platform = jax.default_backend()
+  platform = auto.target()  # where the program runs (an AOT compile's target, not this host)
   backend = backend or ("triton" if platform == "gpu" else "tpu")
   if backend not in _BACKENDS:
     raise ValueError(f"pallas attention: backend must be one of {sorted(_BACKENDS)}, got {backend}")
