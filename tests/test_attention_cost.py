@@ -100,6 +100,14 @@ def test_auto_choice_per_platform():
   assert auto.choose(shape(160), shape(160), shape(320), **hopper) == "pallas"
   assert auto.choose(shape(96), shape(96), shape(192), platform="gpu",
                      compute_capability=8.0) == "pallas"
+  # Shared DIFF 13.1B's heads of 84 (values 168): padded to 168 cuDNN takes them, but its exact
+  # layout calls q/k at 84 wide, which it refuses, so there the fused Pallas kernel runs.
+  assert auto.choose(shape(84), shape(84), shape(168), **hopper) == "cudnn"
+  assert auto.choose(shape(84), shape(84), shape(168), exact_layout=True, **hopper) == "pallas"
+  assert auto.choose(shape(96), shape(96), shape(192), exact_layout=True, **hopper) == "cudnn"
+  # An ahead-of-time compile for a GPU chooses for that GPU, not for this host.
+  with auto.target_platform("gpu", compute_capability=9.0):
+    assert auto.choose(shape(96), shape(96), shape(192)) == "cudnn"
   assert auto.choose(shape(64, jnp.float32), shape(64, jnp.float32), shape(64, jnp.float32),
                      platform="gpu") == "pallas"
   assert auto.choose(q, k, shape(64), platform="tpu", explicit_mask=True) == "xla"

@@ -41,7 +41,8 @@ def resolve(implementation: str, q1, k1, v, *, explicit_mask: bool = False) -> s
   'auto' is chosen by kernels/auto.py, and an explicit mask (KV-cache decoding) takes 'xla'
   because the fused kernels take causal and segment masks only."""
   if implementation == "auto":
-    return auto.choose(q1, k1, v, explicit_mask=explicit_mask)
+    return auto.choose(q1, k1, v, explicit_mask=explicit_mask,
+                       exact_layout=not cudnn.exact_reason())
   if implementation not in KERNELS:
     raise ValueError(f"model.kernel: unknown kernel '{implementation}'; choose one of "
                      f"{sorted(KERNELS) + ['auto']}")

@@ -58,18 +58,17 @@ def target_compute_capability() -> float:
 
 
 def choose(q1, k1, v, *, explicit_mask: bool = False, platform: str | None = None,
-           compute_capability: float | None = None) -> str:
+           compute_capability: float | None = None, exact_layout: bool = False) -> str:
   """The kernel name 'auto' stands for with these inputs (arrays or ShapeDtypeStructs).
   `compute_capability`: the GPU's; by default the target's (target_platform), else this host's
-  first GPU's (none: the pre-Hopper limit)."""
+  first GPU's (none: the pre-Hopper limit). `exact_layout`: cuDNN would run in its exact layout
+  (cudnn.exact_reason() is ''), which checks q/k's own width too, not only the padded one."""
   platform = platform or target()
   if explicit_mask or platform == "cpu":
     return "xla"
   if platform == "tpu":
     return "pallas"
-  from diff_transformer.kernels import cudnn_layout  # it imports this module
-  exact = not cudnn_layout.exact_reason()  # the exact layout checks q/k's own width too
-  refused = cudnn_refusal(q1, k1, v, compute_capability=compute_capability, exact=exact)
+  refused = cudnn_refusal(q1, k1, v, compute_capability=compute_capability, exact=exact_layout)
   return "pallas" if refused else "cudnn"
 
 

@@ -55,3 +55,18 @@ def table(header: list[str], rows: list[list]) -> list[str]:
 def against(result: dict) -> str:
   """What a study's paired differences are taken against, for table headings."""
   return "per pre-named pair (a - b)" if result["study"].get("comparisons") else "vs the Transformer"
+
+
+def pair_seeds(result: dict) -> dict[str, int]:
+  """Each primary pair's number of paired seeds (the seeds both its cells have)."""
+  primary = result["study"]["primary"]
+  return {pair: e[primary]["n"] for pair, e in result.get("paired", {}).items()
+          if e.get(primary, {}).get("family") == "primary" and e[primary].get("n")}
+
+
+def seeds_phrase(result: dict) -> str:
+  """'10 seeds', or where pairs differ '10 seeds and the 8 of `a vs b`'."""
+  n = len(result["study"]["seeds"])
+  fewer = {pair: k for pair, k in pair_seeds(result).items() if k != n}
+  return plural(n, "seed") + "".join(f" and the {k} of `{pair}`" for pair, k in fewer.items())
+

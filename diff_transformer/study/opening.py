@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Sequence
 
 from diff_transformer.study import plots
-from diff_transformer.study.cells import num, plural, table
+from diff_transformer.study.cells import num, plural, seeds_phrase, table
 from diff_transformer.study.grid import at_chosen_lr
 from diff_transformer.study.tuning import final
 
@@ -55,8 +55,9 @@ def limits(result: dict) -> list[str]:
   return [x for line in lines for x in (line, "")]
 
 
-def _how_to_read(info: dict) -> list[str]:
-  design, n = info.get("design", {}), len(info["seeds"])
+def _how_to_read(result: dict) -> list[str]:
+  info = result["study"]
+  design = info.get("design", {})
   def family(name: str, what: str) -> str:
     d = design.get(name, {})
     if not d.get("comparisons"):
@@ -72,7 +73,7 @@ def _how_to_read(info: dict) -> list[str]:
            f"secondary metrics: {secondary}. Every other metric is **descriptive**: a mean "
            "difference with its n, no p.",
            (family("primary", "Primary family") + family("secondary", "Secondary family")).rstrip(),
-           f"- p: an exact paired test over the {n} seeds (a sign-flip test; for a time censored "
+           f"- p: an exact paired test over the {seeds_phrase(result)} (a sign-flip test; for a time censored "
            "at the budget, a sign test on the pairs whose order is determined). A mean "
            "difference that involves censored runs is a bound ('<=' or '>='), or not bounded; "
            "it never gets a t interval. 'Not resolved' means the data do not separate the "
@@ -136,7 +137,7 @@ def header(result: dict, first: Sequence[str] = ()) -> list[str]:
   lines += _reused(result) + [""]
   if result["missing"]:
     lines += [f"**Not in the tables** (failed or unfinished): {', '.join(result['missing'])}.", ""]
-  return lines + _how_to_read(info)
+  return lines + _how_to_read(result)
 
 
 def _grid_metric_note(metric: str, primary: str) -> str:

@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from diff_transformer.study.cells import against, diff, num, plural, signed, table
+from diff_transformer.study.cells import against, diff, num, pair_seeds, plural, signed, table
 from diff_transformer.study.stats import smallest_effect
 from diff_transformer.evaluation.loss import FREQUENCY_CLASSES
 from diff_transformer.study.definition import BASELINE
@@ -28,16 +28,23 @@ def resolvable(result: dict) -> list[str]:
   m = info.get("design", {}).get("primary", {}).get("comparisons") or 1
   n = len(info["seeds"])
   k = smallest_effect(n, m)
-  sds = [e[primary]["sd"] for e in result["paired"].values()
-         if primary in e and e[primary].get("sd") is not None and math.isfinite(e[primary]["sd"])]
+  seeds_of = pair_seeds(result)
+  # each pair's SD with the threshold of its own seed count (the shared one where all have n)
+  effects = [(e[primary]["sd"], smallest_effect(seeds_of.get(pair, n), m))
+             for pair, e in result["paired"].items()
+             if primary in e and e[primary].get("sd") is not None and math.isfinite(e[primary]["sd"])]
+  sds, nats = [sd for sd, _ in effects], [sd * k_pair for sd, k_pair in effects]
   spread = (f"; the measured SD of the paired differences in `{primary}` is "
             f"{num(min(sds), 4)}-{num(max(sds), 4)} nats, so the smallest effect this study "
-            f"resolves is about {num(k * min(sds), 4)}-{num(k * max(sds), 4)} nats" if sds else
+            f"resolves is about {num(min(nats), 4)}-{num(max(nats), 4)} nats" if sds else
             "; no paired differences are measured yet")
+  fewer = {pair: n_pair for pair, n_pair in seeds_of.items() if n_pair != n}
+  at_fewer = "".join(f"; with the {n_pair} seeds of `{pair}`, {smallest_effect(n_pair, m):.2f}"
+                     for pair, n_pair in fewer.items())
   lines = [f"**What this design can resolve**: with {n} seeds and {plural(m, 'comparison')} "
            f"(Holm), a paired difference of {k:.2f} standard deviations of the per-seed "
            f"differences is detected with 80% power (paired t approximation at alpha = "
-           f"0.05/{m}){spread}. "
+           f"0.05/{m}){at_fewer}{spread}. "
            "A smaller true difference is likely to read 'not resolved'."]
   if info.get("scope"):
     lines.append(f"**Out of reach**: {info['scope']}")
