@@ -253,3 +253,12 @@ def test_a_cell_over_the_memory_is_compiled_again_with_remat_then_refused():
   assert tight[0]["remat"] == "full" and tight[0]["compiled_gib_no_remat"] > 0
   assert isinstance(compiled[0], MemoryError)
   assert "refused before running: compiled peak" in str(compiled[0]) and "remat full" in str(compiled[0])
+
+
+@pytest.mark.parametrize("args", [["--part", "3"], ["--job", "1", "--cpu", "--part"]])
+def test_an_unknown_option_is_named_before_anything_runs(args):
+  proc = subprocess.run(["bash", "tools/gpu_check.sh", *args], cwd=ROOT,
+                        capture_output=True, text=True, timeout=60)
+  assert proc.returncode == 2 and proc.stdout == ""
+  assert proc.stderr.strip() == ("error: gpu_check.sh: '--part' is not an option here: give "
+                                 "[--fetch-wheels] or [--job 1|2] [--cpu] [OUT folder], in that order")

@@ -25,7 +25,9 @@ from tests.helpers.studies import TINY_STUDY
 
 ROOT = Path(__file__).resolve().parents[1]
 DAMAGE = {  # what a damaged record holds -> the words of its warning
-    "not_utf8": (b"\xff\xfe\x00{", "unreadable (UnicodeDecodeError)"),
+    "not_utf8": (b"\xff\xfe\x00{", "not UTF-8 text (byte 0)"),
+    "nested_too_deep": (b"[" * 100_000 + b"]" * 100_000, "damaged JSON (nested too deeply to read)"),
+    "huge_integer": (b'{"seed": ' + b"7" * 5000 + b"}", "damaged JSON (Exceeds the limit"),
     "not_an_object": (b"[1, 2, 3]", "a JSON list, not a record"),
     "keys_missing": (b'{"point": "p"}', "missing setting, variant, seed"),
 }
@@ -49,7 +51,7 @@ def test_a_damaged_record_is_named_and_kept_aside_when_rebuilt(tmp_path, capsys,
   target.write_bytes(content)
   assert records.read(tmp_path, "p", setting(config), grid=grid) is None  # retrained or rebuilt, never trusted
   out = capsys.readouterr().out
-  assert f"warning: {target}: damaged record ({words})" in out and out.count("\n") == 1
+  assert f"warning: {target}: damaged record ({words}" in out and out.count("\n") == 1
   records.write(tmp_path, "p", fields, setting(config), grid=grid)  # the rebuilt record
   assert records.read(tmp_path, "p", setting(config), grid=grid)["seed"] == 0
   kept = list(target.parent.glob("p.json.damaged-*"))

@@ -30,6 +30,11 @@ MODE=() JOB=0
 # The stages, their caps and the two jobs are benchmarks/gpu_check/stages.py's tables.
 if [[ "${1:-}" == "--job" ]]; then JOB="${2:-}"; shift 2 || exit 2; fi
 if [[ "${1:-}" == "--cpu" ]]; then MODE=(--cpu); shift; fi
+if [[ "${1:-}" == -* || $# -gt 1 ]]; then  # refused before anything runs, naming what it got
+  echo "error: gpu_check.sh: '${1}' is not an option here: give [--fetch-wheels] or" \
+       "[--job 1|2] [--cpu] [OUT folder], in that order" >&2
+  exit 2
+fi
 STAGES_PY=(python3 benchmarks/gpu_check/stages.py)  # plain Python: no jax, before gpu_env
 PLAN="$("${STAGES_PY[@]}" --plan --job "$JOB" "${MODE[@]}")" || exit 2  # an unknown job: exit 2
 read -r -a CAPS <<< "$PLAN"

@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
+from diff_transformer.errors import UserError
+from diff_transformer.files import read_json
 from diff_transformer.paths import write_atomic
 from diff_transformer.runs.record import differences, shown_differences
 
@@ -95,9 +97,9 @@ def _load(target: Path, grid: bool, quiet: bool = False) -> dict | None:
   if not target.is_file():
     return None
   try:
-    record = json.loads(target.read_bytes().decode("utf-8"))
-  except (UnicodeDecodeError, json.JSONDecodeError, OSError) as e:
-    why = f"unreadable ({type(e).__name__})"
+    record = read_json(target, UserError)  # depth and integer guards: a damage like any other
+  except UserError as e:
+    why = str(e).removeprefix(f"{target}: ")
   else:
     missing = [] if not isinstance(record, dict) else [
         k for k in REQUIRED[grid] if k not in record]
