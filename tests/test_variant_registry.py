@@ -186,3 +186,20 @@ def test_a_variant_whose_keys_clash_is_refused_when_registered():
   assert "clash" not in VARIANTS
   register_variant("agrees", variant(subln=True))  # another variant's key at its default
   unregister_variant("agrees")
+
+
+def test_a_misspelled_knob_is_a_type_error(tmp_path):
+  """A variant's own options are typed (Attention[DiffOptions], ModelSpec[DiffOptions]): reading
+  a knob the Options lack is a mypy error naming the knob, before anything runs."""
+  source = tmp_path / "tempered.py"
+  source.write_text(
+      "from diff_transformer.model.attention.diff_v1 import DiffAttention, DiffOptions\n\n\n"
+      "class Tempered(DiffAttention[DiffOptions]):\n"
+      "  def scale(self) -> float:\n"
+      "    return self.spec.options.lambda_inti or self.spec.options.lambda_std\n")
+  root = Path(__file__).resolve().parents[1]
+  proc = subprocess.run([sys.executable, "-m", "mypy", "--config-file", str(root / "mypy.ini"),
+                         str(source)], cwd=root, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 1, proc.stdout
+  assert '"DiffOptions" has no attribute "lambda_inti"' in proc.stdout
+  assert proc.stdout.count("error:") == 1  # lambda_std, a real knob, passes

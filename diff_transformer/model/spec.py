@@ -7,15 +7,23 @@ The keys every variant has are its fields; a variant's own keys are its `Options
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import jax.numpy as jnp
 
 from diff_transformer.kernels.cudnn import MAX_SEGMENTS
 
+if TYPE_CHECKING:
+  from _typeshed import DataclassInstance
+
+
+# A variant's own options (its class's `Options`): ModelSpec[DiffOptions] types spec.options, so
+# a misspelled knob (spec.options.lambda_inti) is a type error.
+OptionsT = TypeVar("OptionsT", bound="DataclassInstance")
+
 
 @dataclasses.dataclass(frozen=True)
-class ModelSpec:
+class ModelSpec(Generic[OptionsT]):
   variant: str = "diff"  # a name registered in model/attention/__init__.py
   vocab_size: int = 8192
   # > 0: a run sets vocab_size to its tokenizer's ids rounded up to this multiple (the paper
@@ -53,7 +61,7 @@ class ModelSpec:
   short_conv: int = 0
   # The variant's own model.* keys: an instance of its class's `Options` (model/attention/),
   # filled in by `spec_from_config` / `make_spec` there.
-  options: Any = None
+  options: OptionsT = None  # type: ignore[assignment]  # required: __post_init__ says so
 
   def __post_init__(self):
     if self.options is None:  # a variant's module reads spec.options
@@ -65,7 +73,7 @@ class ModelSpec:
     """The model.* keys every variant has (the variants' own are their Options)."""
     return tuple(f for f in dataclasses.fields(cls) if f.name != "options")
 
-  def replace(self, **values) -> "ModelSpec":
+  def replace(self, **values: Any) -> "ModelSpec[OptionsT]":
     """This spec with some model.* values changed, its variant's own options among them (a new
     variant needs its own options: build it with make_spec)."""
     if "variant" in values:

@@ -80,7 +80,7 @@ def _summary_writer():
   if "torch" in sys.modules:
     from tensorboardX import SummaryWriter
     return SummaryWriter
-  sys.modules["torch"] = None  # `import torch` raises ImportError, which tensorboardX allows
+  sys.modules["torch"] = None  # type: ignore[assignment]  # `import torch` raises ImportError
   try:
     from tensorboardX import SummaryWriter
   finally:

@@ -25,7 +25,7 @@ class FixedLambdaOptions(VariantOptions):
       raise ConfigError(f"model.fixed_lambda: must be in [0, 1), got {self.fixed_lambda}")
 
 
-class FixedLambdaAttention(Attention):
+class FixedLambdaAttention(Attention[FixedLambdaOptions]):
   """(softmax(Q1 K1^T) - lambda softmax(Q2 K2^T)) V, lambda = model.fixed_lambda: two maps of
   N heads over 2 x K key groups, one d-wide value per kv head, no learned lambda and no
   sub-layer norm; a learned gain on the merged heads."""

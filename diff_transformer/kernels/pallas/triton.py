@@ -81,6 +81,7 @@ def _fwd_kernel(r, cfg: KernelConfig, length: int, with_res: bool) -> None:
     if not diff:
       return (state1,)
     k2 = _rows(r["k2"], k_start, bk) if "k2" in r else k1
+    assert q2 is not None  # a differential call has its second queries
     state2 = _math.online_update(_math.logits(q2, k2, cfg.scale, mask), v, *carry[1])
     return state1, state2
 
@@ -167,6 +168,7 @@ def _dkdv_kernel(r, cfg: KernelConfig, length: int, group: int) -> None:
     dk1 = accs[0] + _math.dot(ds1.astype(q1.dtype), q1, trans_a=True)
     dk2 = accs[1]
     if ds2 is not None:
+      assert q2 is not None  # a second map's gradient comes with its queries
       ds2_q2 = _math.dot(ds2.astype(q2.dtype), q2, trans_a=True)
       dk1, dk2 = (dk1, dk2 + ds2_q2) if "k2" in r else (dk1 + ds2_q2, dk2)
     dv = accs[2] + _math.dot(pv.astype(do.dtype), do, trans_a=True)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import ClassVar
+from typing import ClassVar, Generic, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -48,6 +48,11 @@ class Projected:
 @dataclasses.dataclass(frozen=True)
 class VariantOptions:
   """A variant's own model.* keys (none here); a subclass adds fields with their defaults."""
+
+  @property
+  def fixed_norm_out_scale(self) -> float | None:
+    """A variant without model.norm_out_scale has no fixed multiplier (NormOutOptions has)."""
+    return None
 
   def check(self) -> None:
     """Raises ConfigError (one line naming the field) for a value this variant cannot take."""
@@ -88,7 +93,10 @@ def lambda_init_value(layer_idx, constant: float | None):
   return 0.8 - 0.6 * jnp.exp(-0.3 * jnp.asarray(layer_idx, jnp.float32))
 
 
-class Attention(nnx.Module):
+O = TypeVar("O", bound=VariantOptions)  # the variant's Options: Attention[DiffOptions]
+
+
+class Attention(nnx.Module, Generic[O]):
   # How the analysis suites name the map the variant attends with.
   map_name = "A"
   # Whether model.rank (a low-rank update width) applies; presets set it only then.
@@ -99,9 +107,9 @@ class Attention(nnx.Module):
   # The variant's own model.* keys, their defaults and checks (spec.options is one of these).
   Options: type[VariantOptions] = VariantOptions
 
-  def __init__(self, spec: ModelSpec, layer_idx, *, rngs: nnx.Rngs):
+  def __init__(self, spec: ModelSpec[O], layer_idx, *, rngs: nnx.Rngs):
     del layer_idx, rngs
-    self.spec = spec
+    self.spec: ModelSpec[O] = spec
     self.kernel = spec.kernel
     # Analysis option: dynamic absmax quantisation of the attention logits to this many bits
     # (reference kernel only; evaluation sets it on a copy of the model, training never does).

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -40,7 +41,11 @@ class DiffOptions(NormOutOptions):
                         f"{self.lambda_init}")
 
 
-class DiffAttention(Attention):
+# DiffOptions or a subclass of it (Shared DIFF's): spec.options is typed by the subclass's own
+DiffOptionsT = TypeVar("DiffOptionsT", bound=DiffOptions)
+
+
+class DiffAttention(Attention[DiffOptionsT]):
   map_name = "A1 - lambda A2"
   Options = DiffOptions
   hf_target = "diff_llama"  # Shared DIFF too: its low-rank factors are materialised

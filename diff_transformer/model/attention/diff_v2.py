@@ -32,7 +32,7 @@ class DiffV2Options(NormOutOptions):
       raise ConfigError(f"model.v2_lambda: '{self.v2_lambda}' is not one of sigmoid, none, linear")
 
 
-class DiffV2Attention(Attention):
+class DiffV2Attention(Attention[DiffV2Options]):
   map_name = "A1 - lambda A2"
   hf_target = "diff_v2"
   Options = DiffV2Options

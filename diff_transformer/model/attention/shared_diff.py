@@ -36,7 +36,7 @@ class SharedDiffOptions(DiffOptions):
                         f"{', '.join(LOWRANK_INITS)}")
 
 
-class SharedDiffAttention(DiffAttention):
+class SharedDiffAttention(DiffAttention[SharedDiffOptions]):
   low_rank = True
   Options = SharedDiffOptions
 

@@ -20,7 +20,7 @@ class TransformerOptions(NormOutOptions):
   head_norm: bool = False
 
 
-class TransformerAttention(Attention):
+class TransformerAttention(Attention[TransformerOptions]):
   hf_target = "llama"
   Options = TransformerOptions
 
