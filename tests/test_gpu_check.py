@@ -217,6 +217,7 @@ def test_each_gpu_job_rehearses_on_cpu_through_the_shell(tmp_path, job):
         ("diff", "document"), ("transformer", "document")}
     assert all(c["tokens_per_s"] > 0 for c in train)
     assert all(c["compiled_gib"] > 0 and c["remat"] == "none" for c in train)  # compiled first
+    assert all(c["oracle_s"] >= 0 for c in records["correctness"]["cells"])  # its cost, per group
     assert {(c["layout"], c["packed"]) for c in records["correctness"]["cells"]} == {
         (size, packed) for size in ("830m", "3b") for packed in (False, True)}
   else:

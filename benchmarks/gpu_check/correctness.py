@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import time
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FuturesTimeout
 
 import jax
 import jax.numpy as jnp
@@ -104,6 +105,11 @@ def oracle(args: dict, do: np.ndarray, seg) -> tuple:
   return out, grads, scalar_lam_terms(args, do, causal=True, seg=seg) if scalar else None
 
 
+def timed_oracle(args: dict, do: np.ndarray, seg) -> tuple[tuple, float]:
+  start = time.perf_counter()
+  return oracle(args, do, seg), time.perf_counter() - start
+
+
 def errors(got: dict, want: dict, lam_scale: float | None = None) -> dict:
   """Per output: relative Frobenius error, max elementwise error over max |reference|, finite.
   A scalar lambda's gradient cancels to a small fraction of its terms, so its error is taken
@@ -165,7 +171,8 @@ def stage_correctness(stage: StageRun) -> None:
                       "(scalar) or sigmoid(N(0,1)) per token; packed rows: random segments")
   rng = np.random.default_rng(int(time.time()))
   compiled: dict = {}
-  with ThreadPoolExecutor(4) as oracle_pool:
+  oracle_pool = ThreadPoolExecutor(4)
+  try:
     groups = []
     for layout, T, packed in cases:
       for variant in opts.variants:
@@ -173,7 +180,7 @@ def stage_correctness(stage: StageRun) -> None:
         host = host_inputs(p, rng, packed)
         args, seg, do = host
         groups.append(dict(variant=variant, layout=layout, T=T, packed=packed, host=host,
-                           oracle=oracle_pool.submit(oracle, args, do, seg)))
+                           oracle=oracle_pool.submit(timed_oracle, args, do, seg)))
     for g in groups:
       cell0 = dict(variant=g["variant"], layout=g["layout"], T=g["T"], packed=g["packed"])
       if deadline.left() < 0:
@@ -199,7 +206,13 @@ def stage_correctness(stage: StageRun) -> None:
           programs.append((dtype, path, key, names))
       compiled.update(compile_all(lowered, 16))
       args, seg, do = g["host"]
-      want_out, want_grads, lam_scale = g["oracle"].result()
+      try:  # each group's float64 oracle waits at most until the stage's deadline
+        (want_out, want_grads, lam_scale), oracle_s = g["oracle"].result(
+            timeout=max(1.0, deadline.left()))
+      except FuturesTimeout:
+        rec.add(dict(cell0, skipped="its float64 oracle was not done by the stage's deadline"))
+        continue
+      cell0["oracle_s"] = round(oracle_s, 1)  # its cost at this size, on this host's CPU
       want = {"out": want_out, **want_grads}
       for dtype, path, key, names in programs:
         cell = dict(cell0, dtype=dtype, path=path,
@@ -224,6 +237,8 @@ def stage_correctness(stage: StageRun) -> None:
         ok = worst < TOLERANCE[dtype] and all(e["finite"] for e in errs.values())
         rec.add(dict(cell, ok=ok, worst=worst, errors=errs))
       rec.set(worst_by_path_and_dtype=worst_table(rec.data["cells"]), programs=len(compiled))
+  finally:  # the oracles not started are dropped; the stage's cap ends a running one
+    oracle_pool.shutdown(wait=False, cancel_futures=True)
 
 
 def worst_table(cells: list[dict]) -> dict:
