@@ -305,7 +305,7 @@ PROGRAM_FAULTS = [  # (program, arguments, what the one line says); {tmp}: the t
     ("sweep.py", ["--sweep={tmp}/bad_sweep.py", "--root={tmp}/r"], "--sweep: {tmp}/bad_sweep.py:2:"),
     # the workdir and the variant are checked before the hf extra is asked for
     ("export.py", ["--workdir={tmp}/nothing", "--out={tmp}/hf"], "{tmp}/nothing"),
-    ("aot_compile.py", ["--topology=v5e_2x2"], "--topology: 'v5e_2x2' is not a TPU topology name"),
+    ("aot_compile.py", ["--topology=v5e_2x2"], "--topology: 'v5e_2x2' is neither a TPU topology"),
     ("prepare_data.py", ["--input", "{tmp}/nope.txt", "--output", "{tmp}/out"],
      "nope.txt: no such file or directory"),
     ("-m diff_transformer.lm_eval", ["--model_args", "workdir={tmp}/nothing", "--tasks", "piqa"],

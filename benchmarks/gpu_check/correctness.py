@@ -110,6 +110,16 @@ def timed_oracle(args: dict, do: np.ndarray, seg) -> tuple[tuple, float]:
   return oracle(args, do, seg), time.perf_counter() - start
 
 
+def _oracle_by(future, deadline: Deadline) -> tuple[dict, float | None, float] | None:
+  """(the group's float64 reference {out, grads...}, lambda's gradient scale, the oracle's
+  seconds at this size on this host's CPU), or None when it is not done by the deadline."""
+  try:
+    (out, grads, lam_scale), seconds = future.result(timeout=max(1.0, deadline.left()))
+  except FuturesTimeout:
+    return None
+  return {"out": out, **grads}, lam_scale, round(seconds, 1)
+
+
 def errors(got: dict, want: dict, lam_scale: float | None = None) -> dict:
   """Per output: relative Frobenius error, max elementwise error over max |reference|, finite.
   A scalar lambda's gradient cancels to a small fraction of its terms, so its error is taken
@@ -159,8 +169,7 @@ def stage_correctness(stage: StageRun) -> None:
   """One group (variant, layout, length, packing) at a time: its programs (every path, both
   dtypes) compiled together, run, compared with the group's oracle and written; shorter
   lengths first, so a stage cut short has every variant at the short length."""
-  cpu, seconds, opts = stage.cpu, stage.seconds, stage.options
-  deadline = Deadline(seconds - 10)
+  cpu, opts, deadline = stage.cpu, stage.options, Deadline(stage.seconds - 10)
   lengths, dtypes, batch = ((32,), ("float32",), 2) if cpu else (opts.lengths_or((256, 2048)),
                                                                    opts.dtypes, 2)
   cases = _cases(stage, lengths)
@@ -206,14 +215,11 @@ def stage_correctness(stage: StageRun) -> None:
           programs.append((dtype, path, key, names))
       compiled.update(compile_all(lowered, 16))
       args, seg, do = g["host"]
-      try:  # each group's float64 oracle waits at most until the stage's deadline
-        (want_out, want_grads, lam_scale), oracle_s = g["oracle"].result(
-            timeout=max(1.0, deadline.left()))
-      except FuturesTimeout:
+      done = _oracle_by(g["oracle"], deadline)
+      if done is None:
         rec.add(dict(cell0, skipped="its float64 oracle was not done by the stage's deadline"))
         continue
-      cell0["oracle_s"] = round(oracle_s, 1)  # its cost at this size, on this host's CPU
-      want = {"out": want_out, **want_grads}
+      want, lam_scale, cell0["oracle_s"] = done
       for dtype, path, key, names in programs:
         cell = dict(cell0, dtype=dtype, path=path,
                     shapes={n: list(np.shape(args[n])) for n in names})
