@@ -20,6 +20,7 @@ import ml_collections
 import numpy as np
 
 from bench_common import paper_config, small_config
+from diff_transformer.aot import peak_bytes
 from diff_transformer.aot.gpu import FIXED_MARGIN_BYTES, GIB
 from diff_transformer.errors import first_line
 from diff_transformer.kernels import auto, cudnn
@@ -206,10 +207,7 @@ def model_config(run: StageRun, variant: str, *, seq_len: int, batch: int, kerne
 def compiled_gib(executable) -> float | None:
   """A compiled step's peak per device (arguments + outputs + temporaries - aliased), GiB."""
   mem = executable.memory_analysis()
-  if mem is None:
-    return None
-  return (mem.argument_size_in_bytes + mem.output_size_in_bytes + mem.temp_size_in_bytes
-          - mem.alias_size_in_bytes) / GIB
+  return None if mem is None else peak_bytes(mem) / GIB
 
 
 def fit_to_memory(runs: list[dict], compiled: dict, limit: int | None) -> None:

@@ -5,7 +5,7 @@ on a CPU machine: nothing runs, nothing needs the accelerator.
   `jax.experimental.topologies.get_topology_desc`.
 - GPU (`h100:8`, `h200:8`, `h100:2x8`): jax's CUDA plugin (the `gpu-aot` extra) compiles for
   compile-only devices described by the project's target configs (aot/gpu.py), with jax's cuDNN
-  entry answered as on that GPU (kernels/cudnn.py `deviceless`); the optimised HLO's kernels are
+  entry answered as on that GPU (kernels/cudnn_layout.py `deviceless`); the optimised HLO's kernels are
   read back (aot/hlo.py).
 
 `compiled.memory_analysis()` then gives the per-device memory of the real executable.
@@ -24,6 +24,7 @@ import ml_collections
 from diff_transformer import kernels
 from diff_transformer.aot import gpu as gpu_targets
 from diff_transformer.aot import inventory
+from diff_transformer.aot.gpu import GIB
 from diff_transformer.aot.hlo import Hlo
 from diff_transformer.errors import UserError, first_line
 from diff_transformer.kernels import cudnn
@@ -34,7 +35,6 @@ from diff_transformer.training.step import Trainer
 
 # HBM per chip in GiB, by topology prefix.
 HBM_GIB = {"v4": 32.0, "v5e": 16.0, "v5p": 95.0, "v6e": 32.0}
-GIB = 1024 ** 3
 # <generation>:<chips per dimension>, e.g. v5e:2x2, v5p:4x4x4 (checked before libtpu sees it).
 TOPOLOGY_NAME = re.compile(r"v[0-9]+[a-z]*:[0-9]+(x[0-9]+){1,2}")
 
@@ -166,14 +166,20 @@ def compile_train_step(config: ml_collections.ConfigDict, topology: str | Target
   result.output_gib = mem.output_size_in_bytes / GIB
   result.temp_gib = mem.temp_size_in_bytes / GIB
   result.alias_gib = mem.alias_size_in_bytes / GIB
-  result.total_gib = (mem.argument_size_in_bytes + mem.output_size_in_bytes
-                      + mem.temp_size_in_bytes - mem.alias_size_in_bytes) / GIB
+  result.total_gib = peak_bytes(mem) / GIB
   if where.platform == "gpu":
     result.kernels = inventory.inventory(Hlo(compiled.as_text()))
     margin = gpu_targets.FIXED_MARGIN_BYTES + result.kernels["cudnn"]["largest_dq_accumulator_bytes"]
     result.margin_gib = margin / GIB
   result.fits = not result.usable_gib or result.total_gib + result.margin_gib <= result.usable_gib
   return result
+
+
+def peak_bytes(mem) -> int:
+  """A compiled program's peak per device from its memory analysis: arguments + outputs +
+  temporaries, less what the outputs alias."""
+  return (mem.argument_size_in_bytes + mem.output_size_in_bytes + mem.temp_size_in_bytes
+          - mem.alias_size_in_bytes)
 
 
 def data_parallel_size_on(config: ml_collections.ConfigDict, topology: str | Target) -> int:

@@ -6,7 +6,7 @@ compiles for devices described by a GpuTargetConfigProto (`target_config`, below
 JAX_PLATFORMS=cpu: `jax.experimental.topologies.get_topology_desc(platform="cuda", ...)` gives
 compile-only devices; a program compiled for them gives its memory analysis and optimised HLO.
 What the compile cannot see: cuDNN's workspace (the cuDNN graph is built on the device at run
-time) and autotuning (nothing is measured), so a fit keeps a margin for them (`margin_bytes`).
+time) and autotuning (nothing is measured), so a fit keeps a margin for them (FIXED_MARGIN_BYTES plus the modelled dQ accumulator).
 """
 from __future__ import annotations
 
@@ -38,7 +38,6 @@ class Gpu:
   name: str  # jax's device_kind
   memory_bytes: int
   bandwidth: float  # HBM bytes/s (the vendor's peak)
-  dense_bf16_flops: float  # the vendor's dense bf16 peak, FLOP/s
   compute_capability: float = 9.0
   core_count: int = 132
   clock_ghz: float = 1.98
@@ -51,8 +50,8 @@ class Gpu:
 # (benchmarks/results/gpu_check_env.json); H100's 81,559 MiB is nvidia-smi's for an
 # H100 80GB HBM3.
 GPUS = {
-    "h100": Gpu("NVIDIA H100 80GB HBM3", 81559 * MIB, 3.35e12, 989e12),
-    "h200": Gpu("NVIDIA H200", 143771 * MIB, 4.8e12, 989e12),
+    "h100": Gpu("NVIDIA H100 80GB HBM3", 81559 * MIB, 3.35e12),
+    "h200": Gpu("NVIDIA H200", 143771 * MIB, 4.8e12),
 }
 # <gpu>:<gpus per node> or <gpu>:<nodes>x<gpus per node>, e.g. h100:8, h200:1, h100:2x8.
 TOPOLOGY = re.compile(r"(?P<gpu>[a-z][a-z0-9]*):(?:(?P<nodes>[1-9][0-9]*)x)?(?P<per_node>[1-9][0-9]*)")
