@@ -196,8 +196,8 @@ def test_each_gpu_job_fits_its_window_and_names_known_stages():
 @pytest.mark.parametrize("job", sorted(JOBS))
 def test_each_gpu_job_rehearses_on_cpu_through_the_shell(tmp_path, job):
   """The job's own entries (filters and all) through tools/gpu_check.sh at tiny shapes: every
-  stage exits 0 and no cell is an error; job 1 trains causal and document-masked rows, job 2
-  the 3B rows' entry."""
+  stage exits 0 and no cell is an error; job 1 trains causal and document-masked rows and times
+  each kernel unpacked and packed, job 2 the 3B rows' entry."""
   out = tmp_path / "out"
   proc = subprocess.run(["bash", "tools/gpu_check.sh", "--job", str(job), "--cpu", str(out)],
                         cwd=ROOT, capture_output=True, text=True, timeout=400)
@@ -216,7 +216,12 @@ def test_each_gpu_job_rehearses_on_cpu_through_the_shell(tmp_path, job):
         *((v, "causal") for v in ("transformer", "diff", "shared_diff", "diff_v2")),
         ("diff", "document"), ("transformer", "document")}
     assert all(c["tokens_per_s"] > 0 for c in train)
-    assert all(c["compiled_gib"] > 0 and c["remat"] == "none" for c in train)  # compiled first
+    assert all(c["compiled_gib"] > 0 and (c["remat"], c["micro_batches"]) == ("none", 1)
+               for c in train)  # compiled first
+    kernels = records["kernels_exact"]["cells"]
+    for mask in ("causal", "document"):  # unpacked calls timed beside the packed ones
+      assert {c["variant"] for c in kernels if c["mask"] == mask and "seconds" in c} == {
+          "transformer", "diff", "shared_diff", "diff_v2"}
     assert all(c["oracle_s"] >= 0 for c in records["correctness"]["cells"])  # its cost, per group
     assert {(c["layout"], c["packed"]) for c in records["correctness"]["cells"]} == {
         (size, packed) for size in ("830m", "3b") for packed in (False, True)}
@@ -231,10 +236,11 @@ def test_an_unknown_job_is_refused_before_anything_runs(tmp_path):
   assert not list(tmp_path.iterdir())
 
 
-def test_a_cell_over_the_memory_is_compiled_again_with_remat_then_refused():
+def test_a_cell_over_the_memory_takes_micro_batches_then_remat_then_is_refused():
   """The train stage compiles every cell first: one whose peak (plus the margin) is over what jax
-  may take is compiled again with remat 'full'; still over, it is refused, naming its peak and
-  the limit, before anything runs. Under the limit a cell is left as it is."""
+  may take is compiled again at the next lighter launch (two micro-batches, then remat 'full'),
+  and takes the first that fits; none fits: it is refused, naming its peak and the limit, before
+  anything runs. Under the limit a cell is left as it is."""
   sys.path.insert(0, str(ROOT / "benchmarks"))
   from bench_common import small_config, synthetic_batch
   from benchmarks.gpu_check.common import FIXED_MARGIN_BYTES, fit_to_memory
@@ -247,13 +253,23 @@ def test_a_cell_over_the_memory_is_compiled_again_with_remat_then_refused():
   step = trainer.lower_train_step(data).compile()
   roomy = [dict(trainer=trainer, data=data)]
   fit_to_memory(roomy, {0: step}, FIXED_MARGIN_BYTES + 2 ** 30)
-  assert roomy[0]["remat"] == "none" and roomy[0]["compiled_gib"] > 0
+  assert (roomy[0]["remat"], roomy[0]["micro_batches"]) == ("none", 1)
+  assert roomy[0]["compiled_gib"] > 0 and "fit_tried" not in roomy[0]
+  whole_bytes = round(roomy[0]["compiled_gib"] * 2 ** 30)
+  just_under = [dict(trainer=trainer, data=data)]
+  compiled = {0: step}
+  fit_to_memory(just_under, compiled, FIXED_MARGIN_BYTES + whole_bytes - 1)
+  assert (just_under[0]["remat"], just_under[0]["micro_batches"]) == ("none", 2)
+  assert just_under[0]["trainer"].micro_batches == 2 and compiled[0] is not step
+  assert [t["micro_batches"] for t in just_under[0]["fit_tried"]] == [1, 2]
   tight = [dict(trainer=trainer, data=data)]
   compiled = {0: step}
   fit_to_memory(tight, compiled, FIXED_MARGIN_BYTES + 1024)
-  assert tight[0]["remat"] == "full" and tight[0]["compiled_gib_no_remat"] > 0
+  assert [(t["remat"], t["micro_batches"]) for t in tight[0]["fit_tried"]] == [
+      ("none", 1), ("none", 2), ("full", 1), ("full", 2)]
   assert isinstance(compiled[0], MemoryError)
-  assert "refused before running: compiled peak" in str(compiled[0]) and "remat full" in str(compiled[0])
+  assert str(compiled[0]).startswith("refused before running: compiled peak")
+  assert "(remat full, 2 micro-batches)" in str(compiled[0])
 
 
 @pytest.mark.parametrize("args", [["--part", "3"], ["--job", "1", "--cpu", "--part"]])

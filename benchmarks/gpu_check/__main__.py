@@ -69,9 +69,10 @@ def main() -> None:
                  "variants, e.g. diff,transformer (default: all four)")
   p.add_argument("--paths", default="", help="correctness, kernels: only these attention paths, "
                  "e.g. cudnn,cudnn_padded,pallas (default: every path the stage has)")
-  p.add_argument("--masks", default=",".join(DEFAULT.masks), help="train: comma-separated among "
-                 "causal (rows causal end to end, as the DIFF paper trains) and document (packed "
-                 "documents masked from each other, data.document_mask)")
+  p.add_argument("--masks", default="", help="train, kernels: comma-separated among causal "
+                 "(rows causal end to end, as the DIFF paper trains) and document (packed "
+                 "documents masked from each other, data.document_mask; the kernels get segment "
+                 "ids) (default: train causal, kernels document)")
   p.add_argument("--document_variants", default=",".join(DEFAULT.document_variants),
                  help="train: the variants the document mask is timed for")
   p.add_argument("--command_buffers", default=",".join(DEFAULT.command_buffers),
@@ -93,7 +94,7 @@ def main() -> None:
                               ("--masks", split(args.masks), MASKS),
                               ("--dtypes", split(args.dtypes), ("bfloat16", "float32"))):
     unknown = [v for v in values if v not in known]
-    if unknown or (name in ("--masks", "--dtypes") and not values):
+    if unknown or (name == "--dtypes" and not values):
       p.error(f"{name} must name values among {','.join(known)}; got {','.join(values)!r}")
   options = Options(
       variants=split(args.variants) or PAPER_VARIANTS, paths=split(args.paths),

@@ -25,8 +25,9 @@ PALLAS_CONFIGS = {"pallas": {}, "pallas_w4": dict(num_warps=4), "pallas_w8": dic
 
 def stage_kernels(stage: StageRun) -> None:
   """fwd+bwd time of each path at the 830M head shapes, interleaved per length, with the
-  compiled temp memory (linear in T for the fused paths, quadratic for 'xla'). Each call gets
-  segment ids as the train step does on text (rows of packed documents, about 3 per row)."""
+  compiled temp memory (linear in T for the fused paths, quadratic for 'xla'). --masks: a
+  'document' call gets segment ids as the train step does on text (rows of packed documents,
+  about 3 per row), a 'causal' call none (causal rows end to end, the exact unpacked call)."""
   cpu, seconds, opts = stage.cpu, stage.seconds, stage.options
   deadline = Deadline(seconds - 10)
   tokens, lengths = (128, (64,)) if cpu else (16384, opts.lengths_or((2048, 4096, 8192)))
@@ -34,11 +35,12 @@ def stage_kernels(stage: StageRun) -> None:
   kernels = paths(stage, None if cpu else PALLAS_CONFIGS)
   kernels.pop("reference", None)
   kernels.pop("cudnn_packed_as_is", None)  # timed only once the correctness stage passes it
-  rec = Record(stage, tokens_per_call=tokens, lengths=lengths, rounds=rounds,
+  masks = opts.masks_or(("document",))
+  rec = Record(stage, tokens_per_call=tokens, lengths=lengths, masks=masks, rounds=rounds,
                inner=inner, paths=list(kernels), dtype="bfloat16",
                shapes_from=f"configs/scaling.py <variant>-{opts.size}" if not cpu
                else "small_config")
-  cells, lowered = _cells(stage, kernels, tokens, lengths)
+  cells, lowered = _cells(stage, kernels, tokens, lengths, masks)
   compiled, compile_s = {}, {}
   for T in lengths:  # compiled length by length, so a stage cut short keeps the short lengths
     at_T = [c for c in cells if c["T"] == T]
@@ -68,7 +70,8 @@ def stage_kernels(stage: StageRun) -> None:
       xs = [jax.nn.sigmoid(x) if n == "lam" and x.ndim else x for n, x in zip(c["shapes"], xs)]
       dy = jax.random.normal(keys[-1], do.shape, do.dtype)
       seg = np.cumsum(np.random.default_rng(i).random((c["batch"], T)) < 3.0 / T, axis=1)
-      calls[i] = functools.partial(program, xs, dy, jnp.asarray(seg, jnp.int32))
+      seg = jnp.asarray(seg, jnp.int32) if c["mask"] == "document" else None
+      calls[i] = functools.partial(program, xs, dy, seg)
     if deadline.left() < 0:
       for c in at_T:
         rec.add(dict(_public(c), skipped="stage time cap"))
@@ -94,12 +97,12 @@ def stage_kernels(stage: StageRun) -> None:
     rec.set(summary=kernel_summary(rec.data["cells"]))
 
 
-def _cells(stage: StageRun, kernels: dict, tokens: int, lengths: tuple[int, ...]
-           ) -> tuple[list, dict]:
-  """(one cell per variant, length and path, {key: lowered program}): every call lowered with
-  the train step's arguments (a segment-id struct included)."""
+def _cells(stage: StageRun, kernels: dict, tokens: int, lengths: tuple[int, ...],
+           masks: tuple[str, ...]) -> tuple[list, dict]:
+  """(one cell per length, mask, variant and path, {key: lowered program}): every call lowered
+  with the train step's arguments (a segment-id struct where the mask is 'document')."""
   cells, lowered = [], {}
-  for T in lengths:
+  for T, mask in ((T, mask) for T in lengths for mask in masks):
     batch = max(1, tokens // T)
     for variant in stage.options.variants:
       if stage.cpu:
@@ -113,12 +116,12 @@ def _cells(stage: StageRun, kernels: dict, tokens: int, lengths: tuple[int, ...]
       structs = [getattr(p, n) for n in names]
       do = jax.ShapeDtypeStruct(out_struct(p), p.q1.dtype)
       model_flops = 3 * 0.5 * variant_class(variant).attention_flops(spec, T) * batch * T
-      seg = jax.ShapeDtypeStruct((batch, T), jnp.int32)
+      seg = jax.ShapeDtypeStruct((batch, T), jnp.int32) if mask == "document" else None
       for path, kernel in kernels.items():
         key = (path, signature(names, structs, seg))
         refused = cudnn_refused(path, p)
         if refused:
-          cells.append(dict(variant=variant, T=T, batch=batch, path=path, key=key,
+          cells.append(dict(variant=variant, T=T, mask=mask, batch=batch, path=path, key=key,
                             skipped=f"cuDNN refuses {refused}"))
           continue
         if key not in lowered:
@@ -126,12 +129,12 @@ def _cells(stage: StageRun, kernels: dict, tokens: int, lengths: tuple[int, ...]
         base_path = path.split("_")[0]  # pallas_w4 counts as pallas, cudnn_padded as cudnn
         exact = {"cudnn_padded": False, "cudnn_two_calls": True,
                  "cudnn_exact_layout": True}.get(path)
-        cells.append(dict(variant=variant, T=T, batch=batch, path=path, key=key,
+        cells.append(dict(variant=variant, T=T, mask=mask, batch=batch, path=path, key=key,
                           shapes={n: list(s.shape) for n, s in zip(names, structs)},
                           model_flops=model_flops,
                           executed_flops=executed_flops(base_path, p.q1, p.k1, p.v, p.q2,
                                                         backward=True, cudnn_exact=exact,
-                                                        packed=True),
+                                                        packed=mask == "document"),
                           structs=(structs, do)))
   return cells, lowered
 
@@ -141,18 +144,19 @@ def _public(cell: dict) -> dict:
 
 
 def kernel_summary(cells: list[dict]) -> list[dict]:
-  """Per length and variant: the fastest path, and its model FLOP rate over the Transformer's
-  cuDNN rate (the goal: at least 0.9)."""
+  """Per length, mask and variant: the fastest path, and its model FLOP rate over the
+  Transformer's cuDNN rate at that length and mask (the goal: at least 0.9)."""
   rows = []
-  for T in sorted({c["T"] for c in cells}):
-    timed = [c for c in cells if c["T"] == T and "seconds" in c]
+  for T, mask in sorted({(c["T"], c.get("mask", "document")) for c in cells}):
+    timed = [c for c in cells
+             if (c["T"], c.get("mask", "document")) == (T, mask) and "seconds" in c]
     base = next((c for c in timed if c["variant"] == "transformer" and c["path"] == "cudnn"), None)
     for variant in PAPER_VARIANTS:
       mine = [c for c in timed if c["variant"] == variant]
       if not mine:
         continue
       best = min(mine, key=lambda c: c["seconds"]["median"])
-      row = dict(T=T, variant=variant, fastest=best["path"],
+      row = dict(T=T, mask=mask, variant=variant, fastest=best["path"],
                  fastest_ms=1e3 * best["seconds"]["median"],
                  ms={c["path"]: 1e3 * c["seconds"]["median"] for c in mine})
       if base is not None:

@@ -59,11 +59,15 @@ JOBS = {
         # named): ~35 programs at ~2.7 s (32 programs took 87 s) plus the oracles.
         ("correctness", 130, "--lengths=2048+--dtypes=bfloat16+--paths=cudnn,cudnn_padded,"
          "cudnn_packed_as_is+--cases=830m:2048,830m:2048:packed,3b:2048,3b:2048:packed"),
-        # 4 variants x 3 paths at 2K (the H200 compiled 16 such programs in 46 s), 7 rounds.
-        ("kernels", 100, "--lengths=2048+--paths=cudnn,cudnn_padded,pallas+--tag=_exact"),
+        # 4 variants x 3 paths at 2K, causal rows (no segment ids: the unpacked call) and
+        # packed documents: 24 programs (the H200 compiled 16 such in 46 s), 7 rounds.
+        ("kernels", 120, "--lengths=2048+--paths=cudnn,cudnn_padded,pallas"
+         "+--masks=causal,document+--tag=_exact"),
         # The 830M step at full depth, 2K, kernel=auto: four variants causal (the paper's rows),
-        # DIFF V1 and the Transformer masked by document; 6 programs (16 took 61 s), 4 states.
-        ("train", 200, "--train_layers=0+--lengths=2048+--labels=auto+--masks=causal,document"
+        # DIFF V1 and the Transformer masked by document; 6 programs (16 took 61 s), 4 states;
+        # a cell over the memory compiled again micro-batched (DIFF V1 and Shared DIFF on an
+        # H100, aot_gpu_job_cells.json): 2 more programs.
+        ("train", 180, "--train_layers=0+--lengths=2048+--labels=auto+--masks=causal,document"
          "+--tag=_830m_full"),
     ),
     2: (

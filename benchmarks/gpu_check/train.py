@@ -53,7 +53,7 @@ def stage_train(stage: StageRun, timing: bool = True) -> None:
                steps_per_round=steps, peak_tflops=peak, peak_source=peak_source,
                preset="small_config" if cpu else f"configs/scaling.py <variant>-{opts.size}, "
                f"num_layers {layers or 'full depth'}, bfloat16, remat {opts.remat}")
-  masks = opts.masks if timing else ("causal",)
+  masks = opts.masks_or(("causal",)) if timing else ("causal",)
   runs, lowered = _runs(stage, timing, tokens, lengths, masks)
   start = time.time()
   compiled = compile_all(lowered, 16)

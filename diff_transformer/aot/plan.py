@@ -38,6 +38,15 @@ def candidates(config: ml_collections.ConfigDict, data_parallel: int):
         yield remat, batch, rows // batch
 
 
+def lighter(config: ml_collections.ConfigDict, data_parallel: int) -> list[tuple[str, int, int]]:
+  """The candidates after the config's own (remat, micro-batches), in order: what a step over
+  its memory tries next (a remat policy outside REMATS: the full-remat candidates)."""
+  order = list(candidates(config, data_parallel))
+  here = (config.model.remat, int(config.train.micro_batches))
+  at = next((i for i, (remat, _, micro) in enumerate(order) if (remat, micro) == here), None)
+  return [c for c in order if c[0] == "full"] if at is None else order[at + 1:]
+
+
 def plan(config: ml_collections.ConfigDict, where: aot.Target) -> dict:
   """{chosen: the first candidate that fits (its AotResult as a dict) or None, tried: every
   compiled candidate, in order}."""
