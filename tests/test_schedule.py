@@ -1,10 +1,19 @@
-"""The one step loop (training/schedule.py) on a recording cohort: the order of checks, logs,
+"""The one step loop (training/schedule.py) on recording members: the order of checks, logs,
 evaluations and saves a run and a population both follow."""
 from __future__ import annotations
 
 import math
 
-from diff_transformer.training.schedule import Schedule, run_steps
+from diff_transformer.training.schedule import Schedule, StepLoop
+
+
+def run_steps(members, state, schedule, stop):
+  """A driver as training/loop.py's: its own step (a counter here), the loop around it."""
+  loop = StepLoop(members, schedule, stop)
+  while loop.going:
+    state, metrics = members.train_step(state)
+    loop.after_step(state, None, metrics)
+  return loop.step, loop.stopped_by
 
 
 class _Recording:
@@ -15,10 +24,7 @@ class _Recording:
     self.events: list[tuple] = []
     self.training, self.finish_at, self.nan_at = True, finish_at, nan_at
 
-  def next_batch(self):
-    return None
-
-  def train_step(self, state, batch):
+  def train_step(self, state):
     loss = math.nan if state + 1 == self.nan_at else 1.0
     return state + 1, dict(loss=loss)
 

@@ -1,5 +1,5 @@
-"""`train(config, workdir)`: a run opened (training/opening.py), its logs, the step loop
-(training/schedule.py) and its summary.
+"""`train(config, workdir)`: a run opened (training/opening.py), its logs, its train step under
+the step loop (training/schedule.py) and its summary.
 
 Resumes from the newest readable checkpoint in `workdir` (same data order, same losses), saves
 and exits on SIGTERM/SIGINT (a second Ctrl-C exits at once), stops on a non-finite or spiking
@@ -16,16 +16,18 @@ from typing import Callable
 import jax
 import ml_collections
 
-from diff_transformer import data, provenance
+from diff_transformer import provenance
+from diff_transformer.mesh import global_batch
 from diff_transformer.model.decoder import unrolled
 from diff_transformer.model.spec import ModelSpec
 from diff_transformer.runs.folder import RunFolder
 from diff_transformer.training.opening import Run, open_alone
-from diff_transformer.training.members import Member, Members, OnDivergence, OneRun
+from diff_transformer.training.members import Member, Members, OnDivergence
 from diff_transformer.training.metrics import (MetricsLogger, RateWindow,
                                                executed_flops_per_token, train_flops_per_token)
 from diff_transformer.training.peak import peak_tflops_per_device
-from diff_transformer.training.schedule import Schedule, run_steps
+from diff_transformer.training.schedule import Schedule, StepLoop
+from diff_transformer.training.step import Trainer
 from diff_transformer.training.stop import StopSignal, exit_now
 from diff_transformer.runs.lock import WorkdirLock, prepare_workdir
 
@@ -101,29 +103,19 @@ def _train(config: ml_collections.ConfigDict, workdir: Path, lock: WorkdirLock |
   stop = StopSignal(lambda: exit_now(run.checkpointer, lock))
   alone = Member(index=0, slot=None, run=run, on_divergence=OnDivergence.STOP, logger=logger,
                  window=window, summary=dict(step=run.start, stopped_by=None))
+  members = Members([alone])
+  loop = StepLoop(members, Schedule.from_config(config.train, run.start), stop)
+  trainer: Trainer = run.trainer
+  state = run.state
   try:
     if run.start >= config.train.steps and RunFolder(workdir).read_summary() is None:
-      alone.evaluate(run.state, run.start)  # saved at its last step, stopped before its summary
-    run_steps(Members([alone], OneRun(run)), run.state,
-              Schedule.from_config(config.train, run.start), stop)
-    summary = alone.summary
+      alone.evaluate(state, run.start)  # saved at its last step, stopped before its summary
+    while loop.going:
+      batch = global_batch(run.mesh, next(run.iterator))
+      state, metrics = trainer.train_step(state, batch)
+      loop.after_step(state, batch, metrics)
   finally:
     stop.close()
-    run.checkpointer.close()  # waits for the async save to commit
-    logger.close()
-  if summary["stopped_by"] is None and "val_loss" in summary:
-    finish(run, summary)
-  return summary
-
-
-def finish(run: Run, summary: dict) -> None:
-  """The final line, and the run's summary: the record that it reached its last step (sweeps
-  and studies skip such runs on a rerun)."""
-  summary["unigram_entropy"] = data.unigram_entropy(run.dataset)
-  if jax.process_index() != 0:
-    return
-  print(f"Final validation loss {summary['val_loss']:.4f} nats/token (perplexity "
-        f"{summary['val_perplexity']:.1f}) vs unigram baseline "
-        f"{summary['unigram_entropy']:.4f} nats/token; checkpoint step {summary['step']} in "
-        f"{run.checkpointer.directory}", flush=True)
-  RunFolder(run.workdir).write_summary(summary)
+    members.close()  # waits for the async save to commit
+  members.finish(loop.stopped_by)
+  return alone.summary

@@ -1,7 +1,6 @@
-"""The step loop's cohort (training/schedule.py): a single run is a population of one. Each
-member checks, logs, evaluates, saves and reports its own run here, once; a program (`OneRun`,
-or `Stacked` for a population's members) gives the batches, the train step and each member's
-part of the state.
+"""The step loop's members (training/schedule.py): a single run is a population of one. Each
+member checks, logs, evaluates, saves and reports its own run here, once; the driver
+(training/loop.py, training/population_loop.py) gives the batches and steps its own program.
 
 What a divergence does is the member's policy: a single run stops (its TrainError is the run's
 one line), a population member is held (its error goes to its log, the others train on).
@@ -11,20 +10,17 @@ from __future__ import annotations
 import dataclasses
 import enum
 from pathlib import Path
-from typing import Any, Protocol
-
 import jax
 import numpy as np
 from tqdm import tqdm
 
+from diff_transformer import data
 from diff_transformer.errors import TrainError
-from diff_transformer.mesh import global_batch
 from diff_transformer.runs.folder import RunFolder
 from diff_transformer.training import validation
 from diff_transformer.training.guard import DivergenceGuard
 from diff_transformer.training.metrics import MetricsLogger, RateWindow, log_train_row
 from diff_transformer.training.opening import Run
-from diff_transformer.training.population import Population
 
 
 class OnDivergence(enum.Enum):
@@ -115,64 +111,26 @@ def failed_before(workdir: Path) -> str | None:
   return rows[-1]["error"] if rows and rows[-1].get("kind") == "failed" else None
 
 
-class Program(Protocol):
-  """What steps the members: their batches, their train step, each member's part of a tree."""
-
-  def next_batch(self) -> Any: ...
-  def train_step(self, state, batch, training: list[bool]) -> tuple[Any, dict]: ...
-  def part(self, tree, member: Member) -> Any: ...
-
-
-class OneRun:
-  """A run alone: its own global batch and train step; its state is the member's whole."""
-
-  def __init__(self, run: Run):
-    self.run = run
-
-  def next_batch(self):
-    return global_batch(self.run.mesh, next(self.run.iterator))
-
-  def train_step(self, state, batch, training: list[bool]):
-    return self.run.trainer.train_step(state, batch)
-
-  def part(self, tree, member: Member):
-    return tree
-
-
-class Stacked:
-  """A population's members in one program: stacked batches, one step for all (a member no
-  longer training is held), each member's slice of the stacked trees."""
-
-  def __init__(self, members: list[Member], population: Population):
-    self.members, self.population = members, population
-
-  def next_batch(self):
-    local = [next(m.run.iterator) for m in self.members]
-    return jax.device_put(jax.tree.map(lambda *xs: np.stack(xs), *local))
-
-  def train_step(self, state, batches, training: list[bool]):
-    return self.population.members_step(state, batches, np.array(training))
-
-  def part(self, tree, member: Member):
-    return jax.tree.map(lambda x: x[member.slot], tree)
-
-
 class Members:
-  """The cohort the step loop steps: one program, each member checked, logged, evaluated and
-  saved on its own (`bar`: one progress bar for members whose loggers show none)."""
+  """What the step loop (training/schedule.py) checks, logs, evaluates and saves: each member on
+  its own, its part of the program's trees (the whole tree for a run alone, its slot of the
+  stacked trees in a population); `bar`: one progress bar for members whose loggers show none."""
 
-  def __init__(self, members: list[Member], program: Program, bar: tqdm | None = None):
-    self.members, self.program, self.bar = members, program, bar
+  def __init__(self, members: list[Member], bar: tqdm | None = None):
+    self.members, self.bar = members, bar
 
   @property
   def training(self) -> bool:
     return any(m.training for m in self.members)
 
-  def next_batch(self):
-    return self.program.next_batch()
+  @property
+  def training_mask(self) -> np.ndarray:
+    """[members] bool: who a population's step still updates."""
+    return np.array([m.training for m in self.members])
 
-  def train_step(self, state, batch):
-    return self.program.train_step(state, batch, [m.training for m in self.members])
+  @staticmethod
+  def part(tree, member: Member):
+    return tree if member.slot is None else jax.tree.map(lambda x: x[member.slot], tree)
 
   def stepped(self, step: int) -> None:
     for m in self.members:
@@ -183,12 +141,12 @@ class Members:
     values = jax.device_get(dict(loss=metrics["loss"], grad_norm=metrics["grad_norm"]))
     for m in self.members:
       if m.training:
-        m.check(step, self.program.part(values, m))
+        m.check(step, self.part(values, m))
 
   def log(self, step: int, values: dict) -> None:
     for m in self.members:
       if m.training:
-        row = dict(self.program.part(values, m))
+        row = dict(self.part(values, m))
         row.pop("finite", None)  # the population's hold mask, not a metric
         m.log(step, row)
     if self.bar is not None:
@@ -199,7 +157,7 @@ class Members:
     """True when a member finished at its accuracy level at this step."""
     training = [m for m in self.members if m.training]
     for m in training:
-      m.evaluate(self.program.part(state, m), step)
+      m.evaluate(self.part(state, m), step)
     return any(m.finished for m in training)
 
   def save(self, state, batch, step: int, scheduled: bool) -> None:
@@ -207,7 +165,7 @@ class Members:
     step (its checkpoint is the one its summary names)."""
     for m in self.members:
       if (m.training and scheduled) or (m.finished and m.summary.get("step") == step):
-        m.save(self.program.part(state, m), self.program.part(batch, m), step)
+        m.save(self.part(state, m), self.part(batch, m), step)
 
   def stopped(self, step: int, reason: str) -> None:
     for m in self.members:
@@ -218,3 +176,39 @@ class Members:
                      "exiting")
     else:
       print(f"{reason}: saved checkpoint step {step} of every member; exiting", flush=True)
+
+  def close(self) -> None:
+    """Waits for each member's async save to commit; closes its log."""
+    if self.bar is not None:
+      self.bar.close()
+    for m in self.members:
+      m.run.checkpointer.close()
+      m.logger.close()
+
+  def finish(self, stopped_by: str | None, population: tuple[str, int] | None = None) -> None:
+    """Each member that reached its last step or its level gets its summary written (the
+    record that it finished; `population`: its name and size, named in the summary); a failed
+    member's error stays its record."""
+    for m in self.members:
+      if m.failed is not None:
+        continue
+      done = m.finished or stopped_by is None
+      m.summary["stopped_by"] = None if done else stopped_by
+      if done and "val_loss" in m.summary:
+        if population is not None:
+          name, size = population
+          m.summary["population"] = dict(name=name, member=m.index, members=size)
+        finish(m.run, m.summary)
+
+
+def finish(run: Run, summary: dict) -> None:
+  """The final line, and the run's summary: the record that it reached its last step (sweeps
+  and studies skip such runs on a rerun)."""
+  summary["unigram_entropy"] = data.unigram_entropy(run.dataset)
+  if jax.process_index() != 0:
+    return
+  print(f"Final validation loss {summary['val_loss']:.4f} nats/token (perplexity "
+        f"{summary['val_perplexity']:.1f}) vs unigram baseline "
+        f"{summary['unigram_entropy']:.4f} nats/token; checkpoint step {summary['step']} in "
+        f"{run.checkpointer.directory}", flush=True)
+  RunFolder(run.workdir).write_summary(summary)

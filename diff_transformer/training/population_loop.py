@@ -22,6 +22,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 from tqdm import tqdm
 
 from diff_transformer.errors import TrainError
@@ -31,11 +32,11 @@ from diff_transformer.runs import folder as run_folder
 from diff_transformer.runs import record as run_record
 from diff_transformer.runs.folder import RunFolder
 from diff_transformer.runs.lock import WorkdirLock, prepare_workdir
-from diff_transformer.training.loop import finish, start_logging
+from diff_transformer.training.loop import start_logging
 from diff_transformer.training.opening import open_data, open_run, record_start
 from diff_transformer.training.population import Population
-from diff_transformer.training.members import Member, Members, Stacked, failed_before
-from diff_transformer.training.schedule import Schedule, run_steps
+from diff_transformer.training.members import Member, Members, failed_before
+from diff_transformer.training.schedule import Schedule, StepLoop
 from diff_transformer.training.step import Trainer
 from diff_transformer.training.stop import StopSignal
 
@@ -138,39 +139,30 @@ def _open(configs, workdirs, scales, name: str):
 
 
 def _train(configs, workdirs, scales, name: str) -> list[dict]:
-  members, population, state = _open(configs, workdirs, scales, name)
-  live = [m for m in members if m.slot is not None]
+  everyone, population, state = _open(configs, workdirs, scales, name)
+  live = [m for m in everyone if m.slot is not None]
   if not live:
-    return [dict(step=0, failed=m.failed) for m in members]
+    return [dict(step=0, failed=m.failed) for m in everyone]
   start, t = live[0].run.start, configs[0].train
   for m in live:
     m.logger, m.window = start_logging(m.run, bar=False)
-    m.logger.write(start, dict(population=name, member=m.index, members=len(members)),
+    m.logger.write(start, dict(population=name, member=m.index, members=len(everyone)),
                    kind="population")
     m.summary = dict(step=start, stopped_by=None)
   stop = StopSignal()
-  bar = tqdm(total=t.steps, initial=start, dynamic_ncols=True, unit="step", mininterval=1.0,
-             desc=name)
-  cohort = Members(live, Stacked(live, population), bar)
+  members = Members(live, tqdm(total=t.steps, initial=start, dynamic_ncols=True, unit="step",
+                               mininterval=1.0, desc=name))
+  loop = StepLoop(members, Schedule.from_config(t, start), stop)
   try:
     if start >= t.steps:  # saved at the last step, stopped before the summaries were written
-      cohort.evaluate(state, start)
-    _, stopped_by = run_steps(cohort, state, Schedule.from_config(t, start), stop)
+      members.evaluate(state, start)
+    while loop.going:
+      local = [next(m.run.iterator) for m in live]  # every member's own batch, stacked
+      batches = jax.device_put(jax.tree.map(lambda *xs: np.stack(xs), *local))
+      state, metrics = population.members_step(state, batches, members.training_mask)
+      loop.after_step(state, batches, metrics)
   finally:
     stop.close()
-    bar.close()
-    for m in live:
-      m.run.checkpointer.close()
-      m.logger.close()
-  out = []
-  for m in members:
-    if m.failed:
-      out.append(dict(m.summary, failed=m.failed))
-      continue
-    done = m.finished or stopped_by is None  # at its level, or at its last step
-    m.summary["stopped_by"] = None if done else stopped_by
-    if done and "val_loss" in m.summary:
-      m.summary["population"] = dict(name=name, member=m.index, members=len(members))
-      finish(m.run, m.summary)
-    out.append(m.summary)
-  return out
+    members.close()
+  members.finish(loop.stopped_by, (name, len(everyone)))
+  return [dict(m.summary, failed=m.failed) if m.failed else m.summary for m in everyone]

@@ -1,5 +1,6 @@
 """The one step loop: a single run is a population of one (training/members.py), so a run
-(training/loop.py) and a population (training/population_loop.py) follow this schedule.
+(training/loop.py) and a population (training/population_loop.py) follow this schedule; each
+driver calls its own program's step.
 
 Each step trains, then checks the previous step's loss (one step late, so dispatch stays
 asynchronous); log steps check at once, evaluation steps evaluate, save steps check what is
@@ -9,11 +10,12 @@ step every process agrees on.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Protocol
+from typing import Any
 
 import jax
 import ml_collections
 
+from diff_transformer.training.members import Members
 from diff_transformer.training.stop import StopSignal
 
 
@@ -47,51 +49,51 @@ class Schedule:
     return step % self.log_every == 0 or self.saves(step)
 
 
-class Cohort(Protocol):
-  """What the loop steps: one run, or the members of a population."""
+class StepLoop:
+  """What happens around each step of a driver's own program, for every member alike:
+
+      loop = StepLoop(members, schedule, stop)
+      while loop.going:
+        batch = ...                                   # the driver's batches
+        state, metrics = trainer.train_step(state, batch)  # the driver's program
+        loop.after_step(state, batch, metrics)
+
+  (training/loop.py steps one run so, training/population_loop.py a population.)"""
+
+  def __init__(self, members: Members, schedule: Schedule, stop: StopSignal):
+    self.members, self.schedule, self.stop = members, schedule, stop
+    self.step = schedule.start
+    self.stopped_by: str | None = None  # the stop request that ended the loop
+    self._pending: tuple[int, Any] | None = None  # (step, metrics) not yet checked
 
   @property
-  def training(self) -> bool: ...  # False once nothing is left (its level reached, all failed)
+  def going(self) -> bool:
+    return (self.stopped_by is None and self.step < self.schedule.steps
+            and self.members.training)
 
-  def next_batch(self) -> Any: ...
-  def train_step(self, state, batch) -> tuple[Any, dict]: ...
-  def stepped(self, step: int) -> None: ...  # after each step: rate windows, failed saves
-  def check(self, step: int, metrics: dict) -> None: ...  # the divergence guard
-  def log(self, step: int, values: dict) -> None: ...
-  def evaluate(self, state, step: int) -> bool: ...  # True: something finished at its level
-  def save(self, state, batch, step: int, scheduled: bool) -> None: ...
-  def stopped(self, step: int, reason: str) -> None: ...
-
-
-def run_steps(cohort: Cohort, state, schedule: Schedule,
-              stop: StopSignal) -> tuple[int, str | None]:
-  """Steps `cohort` from schedule.start to schedule.steps (or until it stops training); returns
-  (the last step taken, the stop request that ended it or None)."""
-  step, pending = schedule.start, None  # pending: (step, metrics) not yet checked
-  while step < schedule.steps and cohort.training:
-    batch = cohort.next_batch()
-    state, metrics = cohort.train_step(state, batch)
-    step += 1
-    cohort.stepped(step)
-    if pending is not None:
-      cohort.check(*pending)
-    pending = (step, metrics)
+  def after_step(self, state, batch, metrics) -> None:
+    """After the program's step on `batch` gave `state` and `metrics`."""
+    members, schedule = self.members, self.schedule
+    self.step = step = self.step + 1
+    members.stepped(step)
+    if self._pending is not None:
+      members.check(*self._pending)
+    self._pending = (step, metrics)
     last = step == schedule.steps
     if schedule.logs(step):
       values = jax.device_get(metrics)
-      cohort.check(step, values)
-      pending = None
-      cohort.log(step, values)
-    finished = cohort.evaluate(state, step) if schedule.evaluates(step) else False
-    last = last or not cohort.training
-    stopping = stop.agreed(schedule.agrees(step) or last)  # why every process stops, or None
+      members.check(step, values)
+      self._pending = None
+      members.log(step, values)
+    finished = members.evaluate(state, step) if schedule.evaluates(step) else False
+    last = last or not members.training
+    stopping = self.stop.agreed(schedule.agrees(step) or last)  # why every process stops, or None
     scheduled = stopping is not None or last or schedule.saves(step)
     if scheduled or finished:
-      if pending is not None:  # never save a NaN state
-        cohort.check(*pending)
-        pending = None
-      cohort.save(state, batch, step, scheduled)
+      if self._pending is not None:  # never save a NaN state
+        members.check(*self._pending)
+        self._pending = None
+      members.save(state, batch, step, scheduled)
     if stopping is not None and not last:  # a run at its last step is finished: no stop
-      cohort.stopped(step, stopping)
-      return step, stopping
-  return step, None
+      members.stopped(step, stopping)
+      self.stopped_by = stopping
