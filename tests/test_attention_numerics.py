@@ -11,6 +11,7 @@ from flax import nnx
 from tests.helpers import np_reference as ref
 from diff_transformer import kernels
 from diff_transformer.kernels import cudnn, reference
+from diff_transformer.kernels.oracle import ARG_NAMES, np_attention
 from diff_transformer.model.attention import variant_class
 from diff_transformer.model.attention import make_spec
 from tests.helpers.variant_table import VARIANTS, entry
@@ -41,6 +42,15 @@ def weights(attn) -> dict[str, np.ndarray]:
 
 def expected(variant, spec, attn, x, seg):
   return entry(variant).oracle(spec, weights(attn), x, seg, LAYER)
+
+
+def kernel_oracle(*args, seg, causal):
+  """The kernels' float64 oracle's output (kernels/oracle.py) for positional kernel arguments."""
+  named = dict.fromkeys(ARG_NAMES) | {n: np.asarray(a, np.float64)
+                                      for n, a in zip(ARG_NAMES, args) if a is not None}
+  q1, v = named["q1"], named["v"]
+  do = np.zeros((*q1.shape[:3], v.shape[-1]))
+  return np_attention(named, do, causal=causal, seg=seg)[0]
 
 
 def rel_err(a, b):
@@ -164,7 +174,7 @@ def test_kernels_match_float64_on_fresh_inputs(kernel, case):
   for causal in (True, False):
     run = jax.jit(functools.partial(run_path, kernel, causal=causal))
     got = run(*f32, segment_ids=jnp.asarray(SEG))
-    assert rel_err(got, ref.diff_kernel(*args, seg=SEG, causal=causal)) < 1e-5
+    assert rel_err(got, kernel_oracle(*args, seg=SEG, causal=causal)) < 1e-5
 
 
 @pytest.mark.parametrize("path", ["xla", "xla_blocks", "auto", "cudnn_layout",
@@ -275,8 +285,7 @@ def test_a_packed_cudnn_call_has_every_operand_at_the_query_width(case, kv_offse
     for seg in (None, jnp.asarray(SEG)):
       got = cudnn.attention(*args, core=cudnn.equal_widths(recording_core),
                             implementation="xla", separate_calls=separate, segment_ids=seg)
-      want = ref.diff_kernel(*(None if a is None else np.asarray(a, np.float64) for a in args),
-                             seg=None if seg is None else SEG, causal=True)
+      want = kernel_oracle(*args, seg=None if seg is None else SEG, causal=True)
       assert rel_err(got, want) < 1e-5
   packed = [c for c in calls if c[3]]
   assert packed and all(q[1] == k[1] == v[1] for q, k, v, _ in packed), packed  # widths

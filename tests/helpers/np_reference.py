@@ -36,24 +36,6 @@ def softmax_map(q_TH, k_SH, ok_TS, scale):
   return w / w.sum(-1, keepdims=True)
 
 
-def diff_kernel(q1, k1, v, q2=None, k2=None, lam=None, seg=None, causal=True):
-  """The kernel contract, per batch row and head: [B,T,H,dk] x [B,S,K,dk] -> [B,T,H,dv]."""
-  B, T, H, dk = q1.shape
-  K = k1.shape[2]
-  out = np.zeros((B, T, H, v.shape[-1]))
-  for b in range(B):
-    ok = allowed(None if seg is None else seg[b], T, causal)
-    for n in range(H):
-      g = n // (H // K)
-      o = softmax_map(q1[b, :, n], k1[b, :, g], ok, dk ** -0.5) @ v[b, :, g]
-      if q2 is not None:
-        kk = k1 if k2 is None else k2
-        lam_t = np.broadcast_to(np.asarray(lam, np.float64), (B, T, H))[b, :, n]
-        o = o - lam_t[:, None] * (softmax_map(q2[b, :, n], kk[b, :, g], ok, dk ** -0.5) @ v[b, :, g])
-      out[b, :, n] = o
-  return out
-
-
 def lambda_init(layer: int) -> float:
   return 0.8 - 0.6 * np.exp(-0.3 * layer)
 
