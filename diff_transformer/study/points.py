@@ -5,8 +5,6 @@ runner (study/runner.py) treats both alike. Records themselves: study/records.py
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Protocol
-
 from diff_transformer import params
 from diff_transformer.evaluation import Settings, evaluate
 from diff_transformer.model.attention import spec_from_config
@@ -29,21 +27,51 @@ def _evaluated(workdir: Path, step: int | None, names: tuple[str, ...]) -> bool:
   return step is not None and all((folder.read_eval(s) or {}).get("step") == step for s in names)
 
 
-class PointKind(Protocol):
-  """What the runner needs of a kind of point."""
+class PointKind:
+  """What the runner needs of a kind of point; the grid/compared distinction lives here."""
   grid: bool  # its records under records/lr_grid/ (study/records.py)
   folder: str  # its workdirs under the study root ("": the root itself)
 
-  def read(self, study: Study, results: Path, point: str, setting: dict) -> dict | None: ...
-  def accepts(self, study: Study, record: dict) -> bool: ...
-  def args(self, study: Study, point: str, lr: float | None) -> tuple[str, ...]: ...
+  def population_key(self, study: Study, point: str) -> tuple:
+    """Points with one key may train in one program: a compared cell's seeds, a grid cell's lrs
+    on one grid seed."""
+    p = study.parse(point)
+    return p.variant, p.size, p.seed if self.grid else None
+
+  def not_reused(self, results: Path, point: str, setting: dict) -> str:
+    return records.not_reused(results, point, setting, self.grid)
+
+  def reuse_pool(self, study: Study) -> list[dict]:
+    return records.pool(study.reuse_from, self.grid)
+
+  def write_reused(self, study: Study, results: Path, point: str, found: dict,
+                   setting: dict) -> None:
+    """Another study's record of this setting, under this study's point name (a compared
+    record names its cell)."""
+    record = {k: v for k, v in found.items() if k not in ("point", "setting")}
+    if not self.grid:
+      record.update(variant=study.parse(point).variant, size=study.parse(point).size)
+    records.write(results, point, record, setting, self.grid)
+
+  def read(self, study: Study, results: Path, point: str, setting: dict) -> dict | None:
+    raise NotImplementedError
+
+  def accepts(self, study: Study, record: dict) -> bool:
+    raise NotImplementedError
+
+  def args(self, study: Study, point: str, lr: float | None) -> tuple[str, ...]:
+    raise NotImplementedError
+
   def record(self, study: Study, point: str, workdir: Path, results: Path, config,
-             setting: dict) -> None: ...
+             setting: dict) -> None:
+    raise NotImplementedError
+
   def record_failure(self, study: Study, point: str, workdir: Path, results: Path, config,
-                     setting: dict, why: str) -> None: ...
+                     setting: dict, why: str) -> None:
+    raise NotImplementedError
 
 
-class GridPoint:
+class GridPoint(PointKind):
   """One lr of a grid cell on one grid seed: workdirs under <root>/lr_grid/, records under
   records/lr_grid/; a run that diverged after its first step is a result of the grid too."""
   grid = True
@@ -74,7 +102,7 @@ class GridPoint:
       _grid_record(study, point, workdir, results, config, setting, failed=why)
 
 
-class ComparedPoint:
+class ComparedPoint(PointKind):
   """One seed of a compared cell at its chosen setting: workdirs under the root, records under
   records/; a failed run is left unrecorded (the report counts n per cell)."""
   grid = False

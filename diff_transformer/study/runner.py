@@ -102,9 +102,7 @@ def populations(study: Study, points: list[str], size: int, kind: PointKind = CO
     return []
   cells: dict[tuple, list[str]] = {}
   for point in points:
-    p = study.parse(point)
-    key = (p.variant, p.size, p.seed if kind.grid else None)
-    cells.setdefault(key, []).append(point)
+    cells.setdefault(kind.population_key(study, point), []).append(point)
   return [members[i:i + size] for members in cells.values()
           for i in range(0, len(members), size)]
 
@@ -158,7 +156,7 @@ def _run_points(study: Study, kind: PointKind, study_file: str, root: Path, resu
                          write=train))
   todo = [p for p in points if p not in status]
   for p in todo:  # named once, in every mode: nothing is dropped silently
-    why = records.not_reused(results, p, settings[p], kind.grid)
+    why = kind.not_reused(results, p, settings[p])
     if why:
       print(f"{p}: {why}; not reused" + ("" if train else ", left out of the report"),
             flush=True)
@@ -191,7 +189,7 @@ def _reuse(study: Study, kind: PointKind, results: Path, points: list[str],
   """Points whose exact setting a record of another study holds (study.reuse_from): the record
   is copied under this study's point name (`reused_from` says whose it was), nothing trains.
   Without `write` (a report-only invocation) they are only named REUSABLE."""
-  pool = records.pool(study.reuse_from, kind.grid) if points else []
+  pool = kind.reuse_pool(study) if points else []
   out = {}
   for p in points:
     found = records.same_setting(pool, settings[p], lambda r: kind.accepts(study, r))
@@ -200,10 +198,7 @@ def _reuse(study: Study, kind: PointKind, results: Path, points: list[str],
     if not write:
       out[p] = REUSABLE
       continue
-    record = {k: v for k, v in found.items() if k not in ("point", "setting")}
-    if not kind.grid:  # a compared record names its cell
-      record.update(variant=study.parse(p).variant, size=study.parse(p).size)
-    records.write(results, p, record, settings[p], kind.grid)
+    kind.write_reused(study, results, p, found, settings[p])
     out[p] = f"reused ({found['reused_from']})"
   return out
 
