@@ -16,8 +16,8 @@ from scipy import stats as scipy_stats
 from diff_transformer import cli
 from diff_transformer.errors import UserError, message_lines
 from diff_transformer.study import grid as lr_grid
-from diff_transformer.study import cells, markdown, opening, records, run_metrics, study_json
-from diff_transformer.study.cells import num
+from diff_transformer.study import formatting, markdown, preamble, records, run_metrics, study_json
+from diff_transformer.study.formatting import num
 from diff_transformer.study.stats import paired_censored, seeds_needed, smallest_holm_p
 from diff_transformer.runs.record import check_setting, setting
 
@@ -52,9 +52,9 @@ def test_censored_pairs_are_bounds_with_a_sign_test_on_the_determined_pairs():
   assert exact["bound"] is None and exact["mean_diff"] == pytest.approx(-25.0)
   # A censored entry is printed as a bound with n and n_determined, never with a t interval.
   entry = dict(one_sided, family="primary", p_holm=0.5)
-  text = cells.diff(entry)
+  text = formatting.diff(entry)
   assert text.startswith("<= -250") and "determined 3" in text and "[" not in text
-  assert "not bounded" in cells.diff(dict(got, family="primary", p_holm=1.0))
+  assert "not bounded" in formatting.diff(dict(got, family="primary", p_holm=1.0))
 
 
 def test_report_compares_a_censored_primary_by_sign_test_and_leaves_others_descriptive():
@@ -73,7 +73,7 @@ def test_report_compares_a_censored_primary_by_sign_test_and_leaves_others_descr
   assert compared["noise_share"]["family"] == "secondary" and not math.isnan(
       compared["noise_share"]["p_holm"])
   assert compared["final_loss"]["family"] == "descriptive" and math.isnan(compared["final_loss"]["p"])
-  assert "p=" not in cells.diff(compared["final_loss"])
+  assert "p=" not in formatting.diff(compared["final_loss"])
 
 
 def test_the_design_check_refuses_what_cannot_conclude_and_names_the_seeds_needed():
@@ -89,7 +89,7 @@ def test_the_design_check_refuses_what_cannot_conclude_and_names_the_seeds_neede
   exploratory = retrieval().with_options(seeds="0,1,2,3,4", exploratory=True).validate()
   result = dict(study=dict(exploratory=True, design=exploratory.design(),
                            seeds=list(exploratory.seeds)), lr_grid={})
-  first = opening.limits(result)[0]
+  first = preamble.limits(result)[0]
   assert first.startswith("**Exploratory**") and "needs 7" in first
 
 
@@ -177,10 +177,10 @@ def test_the_grid_table_shows_the_metric_the_grid_chose_by():
               table={"diff": {"0.002": {"1000": cell(1.70, 1.61)},
                               "0.004": {"1000": cell(1.60, 1.71)}}},
               decisions={"diff": dict(chosen=2e-3, bracketed=True, untuned=False)})
-  text = "\n".join(opening.lr_grid(dict(lr_grid=grid, study=dict(primary="loss"))))
+  text = "\n".join(preamble.lr_grid(dict(lr_grid=grid, study=dict(primary="loss"))))
   assert "| diff | 1000 | 1.6100 | 1.7100 | 0.002 |" in text and "whole validation split" in text
   old = dict(grid, metric="final_loss")
-  text = "\n".join(opening.lr_grid(dict(lr_grid=old, study=dict(primary="final_loss"))))
+  text = "\n".join(preamble.lr_grid(dict(lr_grid=old, study=dict(primary="final_loss"))))
   assert "| diff | 1000 | 1.7000 | 1.6000 |" in text and "training-time eval rows" in text
   assert "train_seconds" not in text  # no run carries its time: no cost line
 
@@ -192,7 +192,7 @@ def test_the_grid_section_states_its_runs_own_training_time():
               table={"diff": {"0.002": {"1000": timed(1.6, 300.0), "1001": timed(1.6, 420.0)},
                               "0.004": {"1000": timed(1.7, 600.0), "1001": dict(failed="nan")}}},
               decisions={"diff": dict(chosen=2e-3, bracketed=True, untuned=False)})
-  text = "\n".join(opening.lr_grid(dict(lr_grid=grid, study=dict(primary="loss"))))
+  text = "\n".join(preamble.lr_grid(dict(lr_grid=grid, study=dict(primary="loss"))))
   assert "The 3 grid runs' own training time (`train_seconds`): median 7.0 min, summed 0.4 h." \
       in text
 
@@ -383,7 +383,7 @@ def test_a_run_records_its_code_and_a_study_over_two_versions_says_so(tmp_path, 
   # Two runs' records from two commits: the report's first lines say so.
   runs = [dict(code_versions=[provenance.label(now)]), dict(code_versions=[provenance.label(other)])]
   result = dict(study=dict(code_versions=study_json.code_versions(runs), seeds=[0]), lr_grid={})
-  first = opening.limits(result)[0]
+  first = preamble.limits(result)[0]
   assert first.startswith("**Runs from 2 code versions**") and "0000000000" in first
 
 

@@ -12,7 +12,7 @@ import pytest
 from configs.studies import lm_scale, lm_tuned
 from diff_transformer.errors import ConfigError
 from diff_transformer.runs.record import differences
-from diff_transformer.study import opening, records, runner
+from diff_transformer.study import preamble, records, runner
 from diff_transformer.study.named import Cell
 from diff_transformer.study.points import COMPARED, GRID
 
@@ -68,7 +68,7 @@ def test_a_compared_point_takes_a_record_under_its_own_cell_name_and_the_report_
     assert records.same_setting(pool, runner.point_setting(study, point, lr),
                                 lambda r: True) is None
   result = dict(runs=[{k: v for k, v in record.items() if k != "setting"}], lr_grid={})
-  assert opening._reused(result) == [
+  assert preamble._reused(result) == [
       "Reused: 1 compared run and 0 grid runs are records of study_lm_scale, each taken because "
       "it was trained under exactly this point's setting (`reused_from` in the record)."]
 

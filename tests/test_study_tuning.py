@@ -12,7 +12,7 @@ import pytest
 
 from configs.studies.lm_tuned import STUDY
 from diff_transformer.errors import ConfigError
-from diff_transformer.study import Tuned, opening, pins, tuning
+from diff_transformer.study import Tuned, pins, preamble, tuning
 
 # The loss each candidate reaches: best lr 4e-3 for every cell; DIFF best at the smallest named
 # scale 0.1 (so the grid grows to 0.05, which is worse), the Transformer at its rule.
@@ -97,7 +97,7 @@ def test_the_report_of_an_unfinished_grid_marks_what_is_provisional(tmp_path):
   fake = run_fake(study, [])
   _, grid = tuning.tune(study, lambda points: {p: r for p, r in fake(points).items()
                                                if p != missing}, math.nan)
-  lines = opening.tuned_values(dict(lr_grid=grid), tmp_path)
+  lines = preamble.tuned_values(dict(lr_grid=grid), tmp_path)
   cell = study.parse(missing).variant
   assert any(line.startswith("| shared_diff@tuned") and f"| {cell} |" in line
              and "provisional" in line for line in lines)
@@ -118,7 +118,7 @@ def test_the_report_shows_each_value_at_its_own_best_lr(tuned, tmp_path):
   """The tuned section: every value tried (the grown 0.05 too) with its own lr's grid mean, the
   choice marked, each cell's state, and the scale-loss plot written."""
   _, _, grid, _ = tuned
-  lines = opening.tuned_values(dict(lr_grid=grid), tmp_path)
+  lines = preamble.tuned_values(dict(lr_grid=grid), tmp_path)
   rows = {tuple(cell.strip() for cell in line.strip("|").split("|")[:2]): line for line in lines
           if line.startswith("| diff@tuned") or line.startswith("| transformer@tuned")}
   assert set(rows) >= {("diff@tuned", v) for v in ("0.05", "0.1", "0.2", "0.4", "rule")}
@@ -148,9 +148,9 @@ def test_a_value_still_winning_at_the_grown_end_is_reported_not_bracketed(tmp_pa
   diff = grid["tuned"]["diff@tuned"]
   assert (diff["value"], diff["grown"], diff["at_end"]) == ("0.05", ["0.05"], True)
   assert not grid["tuned"]["transformer@tuned"]["at_end"]  # its rule, at 1, lies inside
-  limits = opening.limits(dict(study={}, lr_grid=grid))
+  limits = preamble.limits(dict(study={}, lr_grid=grid))
   assert any(line.startswith("**Tuned value not bracketed**: diff@tuned (`model.norm_out_scale`"
                              " 0.05)") for line in limits)
-  lines = opening.tuned_values(dict(lr_grid=grid), tmp_path)
+  lines = preamble.tuned_values(dict(lr_grid=grid), tmp_path)
   assert "- `diff@tuned`: 0.05 at lr 0.004 (an end of the values tried: not bracketed)" in lines
   assert "- `transformer@tuned`: rule at lr 0.004" in lines

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from diff_transformer.study.cells import pm, signed, table
+from diff_transformer.study.formatting import pm, signed, table
 from diff_transformer.study.stats import paired, summarize
 
 

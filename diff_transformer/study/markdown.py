@@ -1,4 +1,4 @@
-"""report.md of a study (from report.build's result): the opening (study/opening.py), the primary
+"""report.md of a study (from report.build's result): the preamble (study/preamble.py), the primary
 comparison, floors beside every accuracy, the pre-named secondary family with Holm-adjusted p,
 then every other metric as descriptive (no p); n in every cell."""
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 
 from diff_transformer.evaluation import floors
 from diff_transformer.paths import write_atomic
-from diff_transformer.study import factorial, opening, plots, text_report
-from diff_transformer.study.cells import against, diff, num, pm, signed, table
+from diff_transformer.study import factorial, plots, preamble, text_report
+from diff_transformer.study.formatting import against, diff, num, pm, signed, table
 from diff_transformer.study.definition import BASELINE
 from diff_transformer.study.study_json import informative_slices
 
@@ -177,8 +177,8 @@ def _text_tables(result: dict, root: Path) -> list[str]:
 
 def write(result: dict, root: Path) -> Path:
   text = "task_params" not in result["study"]
-  lines = (opening.header(result, text_report.resolvable(result) if text else [])
-           + opening.lr_grid(result) + opening.tuned_values(result, root))
+  lines = (preamble.header(result, text_report.resolvable(result) if text else [])
+           + preamble.lr_grid(result) + preamble.tuned_values(result, root))
   if not result["runs"]:
     lines += ["No compared run has finished yet.", ""] + (text_report.descent(result) if text
                                                            else [])

@@ -16,7 +16,7 @@ from diff_transformer.errors import ConfigError
 from diff_transformer.evaluation import floors
 from diff_transformer.paths import write_atomic
 from diff_transformer.study import markdown, pins, records, study_json, tuning
-from diff_transformer.study.cells import plural
+from diff_transformer.study.formatting import plural
 from diff_transformer.study.definition import Study
 from diff_transformer.study.points import COMPARED, GRID, PointKind
 from diff_transformer.runs.record import setting

@@ -1,4 +1,4 @@
-"""The opening of a study report: the warnings that limit every reading (exploratory design,
+"""The preamble of a study report: the warnings that limit every reading (exploratory design,
 runs from several code versions, untuned or unbracketed lrs, an unfinished grid), the setting,
 how to read the tables, the lr grid and the tuned settings."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Sequence
 
 from diff_transformer.study import plots
-from diff_transformer.study.cells import num, plural, seeds_phrase, table
+from diff_transformer.study.formatting import num, plural, seeds_phrase, table
 from diff_transformer.study.grid import at_chosen_lr
 from diff_transformer.study.tuning import final
 
