@@ -31,8 +31,8 @@ def small_config(variant: str, packed: bool, gpus: int, **model):
   c = plan.for_gpus(scaling.get_config(f"{variant}-830m"))
   m = c.model
   heads = heads_for(variant, D, D_HEAD)
-  m.update(d_model=D, num_heads=heads, num_kv_heads=heads, head_dim=D_HEAD, ffn_dim=FFN,
-           num_layers=1, vocab_size=VOCAB, max_seq_len=T, **model)
+  m.update(dict(d_model=D, num_heads=heads, num_kv_heads=heads, head_dim=D_HEAD, ffn_dim=FFN,
+                num_layers=1, vocab_size=VOCAB, max_seq_len=T) | model)
   c.data.seq_len, c.data.document_mask = T, packed
   c.train.global_batch_size, c.train.micro_batches = ROWS_PER_GPU * gpus, 1
   return validate(c)
@@ -111,6 +111,17 @@ def test_one_cudnn_sequence_per_token_fails_the_bound():
   taken = [c for c in old.kernels["cudnn"]["calls"] if c["taken"]]
   assert {c["max_seg_per_batch"] for c in taken} == {T}
   assert old.temp_gib * aot.GIB > temp_bound(max(c["heads"] for c in taken), D_HEAD)
+
+
+def test_each_scanned_layer_adds_the_same_bytes():
+  """A scanned layer's stacked residuals are updated in place, one layer's slice at a time (on
+  jax 0.12's XLA by async fusions, fusion-start): the inventory counts that slice, not the whole
+  stack, so the bytes a step moves grow linearly with depth (counting the stack, each layer would
+  add more than the one before)."""
+  moved = {layers: compiled("diff", True, 1, num_layers=layers).kernels["classes"]["other"]["bytes"]
+           for layers in (2, 4, 6)}
+  first, second = moved[4] - moved[2], moved[6] - moved[4]
+  assert first > 0 and abs(second - first) < 0.02 * first, moved
 
 
 def test_unknown_gpu_and_missing_extra_are_one_line(monkeypatch):

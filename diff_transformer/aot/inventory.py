@@ -95,7 +95,7 @@ def moved_bytes(hlo: Hlo, name: str) -> int:
   (dynamic-update-slice) counts only its update, as a scanned layer's stacked weights are."""
   inst = hlo.instructions[name]
   body = hlo.computations.get(inst["callee"] or "", [])
-  if inst["opcode"] != "fusion" or not body:
+  if inst["opcode"] not in ("fusion", "fusion-start") or not body:  # -start: an async fusion
     return shape_bytes(inst["shape"]) + _operand_bytes(hlo, name)
   users: dict[str, list[str]] = collections.defaultdict(list)
   for n in body:
