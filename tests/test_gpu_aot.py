@@ -17,7 +17,8 @@ pytestmark = pytest.mark.skipif(bool(gpu_targets.missing_extra()),
 
 from configs import scaling  # noqa: E402
 from diff_transformer import aot  # noqa: E402
-from diff_transformer.aot import plan  # noqa: E402
+from diff_transformer.aot import inventory, plan  # noqa: E402
+from diff_transformer.aot.hlo import Hlo  # noqa: E402
 from diff_transformer.config import validate  # noqa: E402
 from diff_transformer.model.attention import PAPER_VARIANTS  # noqa: E402
 from diff_transformer.params import heads_for  # noqa: E402
@@ -122,6 +123,29 @@ def test_each_scanned_layer_adds_the_same_bytes():
            for layers in (2, 4, 6)}
   first, second = moved[4] - moved[2], moved[6] - moved[4]
   assert first > 0 and abs(second - first) < 0.02 * first, moved
+
+
+@pytest.mark.parametrize("variant", PAPER_VARIANTS)
+def test_a_populations_step_compiles_with_its_attention_through_pallas(variant):
+  """Two members vmapped (training/population.py) on packed rows, for one H100: jax's cuDNN
+  attention does not batch over members (its batching rule fails on packed rows' offsets, DIFF
+  V1's wider values and the padded layout's mask), so a population's 'auto' is the Pallas
+  kernel: the step compiles and calls no cuDNN."""
+  import jax
+  import jax.numpy as jnp
+  from diff_transformer.mesh import make_mesh
+  from diff_transformer.training.population import Population
+  from diff_transformer.training.step import Trainer
+  config, where = small_config(variant, True, 1), aot.target("h100:1", 0.9)
+  members = Population(Trainer(config, make_mesh(config.mesh, devices=where.devices)),
+                       [0, 1], [1.0, 1.0])
+  batches = {name: jax.ShapeDtypeStruct((2, ROWS_PER_GPU, T), dtype) for name, dtype in (
+      ("inputs", jnp.int32), ("targets", jnp.int32), ("segment_ids", jnp.int32),
+      ("positions", jnp.int32), ("weights", jnp.float32))}
+  with aot.for_target(where):
+    step = members.lower_step(members.abstract_state, batches).compile()
+  classes = inventory.inventory(Hlo(step.as_text()))["classes"]
+  assert classes["cudnn"]["calls"] == 0 and classes["pallas"]["calls"] > 0, classes
 
 
 def test_unknown_gpu_and_missing_extra_are_one_line(monkeypatch):

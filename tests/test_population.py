@@ -88,3 +88,17 @@ def test_a_population_needs_one_seed_and_one_lr_per_member():
   config = sharding_config("transformer")
   with pytest.raises(ValueError, match="2 seeds and 1 lr scales"):
     Population(Trainer(config, make_mesh(config.mesh)), [0, 1], [1.0])
+
+
+def test_a_population_refuses_the_cudnn_kernel_before_anything_runs():
+  """jax's cuDNN attention does not batch over members (tests/test_gpu_aot.py compiles a
+  population for an H100): model.kernel=cudnn is one line naming the key, before any data or
+  state is made; 'auto' takes the Pallas kernel there."""
+  from diff_transformer.errors import TrainError
+  from diff_transformer.training.population_loop import check_members
+  config = sharding_config("diff")
+  config.model.kernel = "cudnn"
+  with pytest.raises(TrainError, match=r"^model\.kernel: cudnn cannot train a population"):
+    check_members([config, config])
+  config.model.kernel = "auto"
+  assert check_members([config, config]) == [1.0, 1.0]

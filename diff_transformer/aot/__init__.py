@@ -111,7 +111,7 @@ def topology_devices(topology: str):
                        "tpu extra (pip install -e '.[tpu]') and use names like v5e:2x2, v5p:4x4x4")
 
 
-def _for_target(where: Target):
+def for_target(where: Target):
   """The context a step is traced in for `where`: 'auto' kernels as they run there."""
   if where.platform == "gpu":
     assert where.gpu is not None
@@ -131,7 +131,7 @@ def compile_step(config: ml_collections.ConfigDict, where: Target):
                     for k, dtype in (("inputs", jnp.int32), ("targets", jnp.int32),
                                      ("segment_ids", jnp.int32), ("positions", jnp.int32),
                                      ("weights", jnp.float32))}
-  with _for_target(where):
+  with for_target(where):
     return trainer.lower_train_step(abstract_batch).compile(), mesh
 
 

@@ -13,6 +13,7 @@
   train step ran 7.6% faster through cuDNN. At T = 4096 and 8192 cuDNN stayed fastest for every
   variant (DIFF V1: 4.50 against 9.70 ms, 7.79 against 17.81). Elsewhere (float32, wider heads) the Pallas kernel.
 - TPU (by rule, not measured here): the fused Pallas (Mosaic) kernel.
+- A population's step (members vmapped, `population_members`): the Pallas kernel on a GPU too.
 An explicit mask (KV-cache decoding) always takes 'xla': the fused kernels take causal and
 segment masks only. The platform is the default backend at trace time, or the one set by
 `target_platform` (diff_transformer/aot/ compiles for a TPU or a CUDA GPU from a CPU host under
@@ -29,6 +30,21 @@ CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
 CUDNN_MAX_WIDTH = {"hopper": 256, "older": 128}  # by compute capability 9.0+ or below
 # (platform, compute capability or None), innermost target_platform last
 _TARGETS: list[tuple[str, float | None]] = []
+_MEMBERS: list[bool] = []  # population_members(), innermost last
+
+
+@contextlib.contextmanager
+def population_members():
+  """Inside: the step traced is vmapped over a population's members (training/population.py),
+  and 'auto' takes the fused Pallas kernel on a GPU, not cuDNN: jax's cuDNN attention has no
+  batching rule for packed rows (their offsets), values wider than q/k (DIFF V1) or a dense mask
+  (compiled for an H100 with jax 0.12, each raises a TypeError where the rule reshapes them;
+  tests/test_gpu_aot.py)."""
+  _MEMBERS.append(True)
+  try:
+    yield
+  finally:
+    _MEMBERS.pop()
 
 
 @contextlib.contextmanager
@@ -67,6 +83,8 @@ def choose(q1, k1, v, *, explicit_mask: bool = False, platform: str | None = Non
   if explicit_mask or platform == "cpu":
     return "xla"
   if platform == "tpu":
+    return "pallas"
+  if _MEMBERS:
     return "pallas"
   refused = cudnn_refusal(q1, k1, v, compute_capability=compute_capability, exact=exact_layout)
   return "pallas" if refused else "cudnn"

@@ -8,13 +8,15 @@ lr * shape(t) (warmup, then linear decay to final_lr, whose ratio to lr the stud
 member at lr * s is the reference optimizer's update scaled by s (Trainer.train_step_fn). A
 member whose loss is not finite stops updating (its state is held) and is reported in
 `finite`; the others go on. A member that is no longer `active` (failed, or finished at its
-accuracy level) is held too. population_loop.py drives it.
+accuracy level) is held too. The attention of a step vmapped over members is never cuDNN's
+(kernels/auto.py `population_members`). population_loop.py drives it.
 """
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 
+from diff_transformer import kernels
 from diff_transformer.runs.layout import State
 from diff_transformer.training.step import Batch, Trainer
 
@@ -55,5 +57,17 @@ class Population:
     """One step of every member on its own batch ([P, B, T] leaves); metrics are [P]. Members
     where `active` ([P] bool, default all) is False keep their state."""
     active = self._active if active is None else jnp.asarray(active, bool)
-    with self.trainer.context():
+    with self.trainer.context(), kernels.auto.population_members():
       return self._step(state, batches, self.lr_scales, active)
+
+  @property
+  def abstract_state(self):
+    """The stacked state's shapes (for lower_step), made without computing it."""
+    with self.trainer.context():
+      return jax.eval_shape(self._init, self.seeds)
+
+  def lower_step(self, state, batches: Batch) -> jax.stages.Lowered:
+    """The members' step lowered as members_step traces it (arrays or ShapeDtypeStructs):
+    compile() it to check it ahead of time."""
+    with self.trainer.context(), kernels.auto.population_members():
+      return self._step.lower(state, batches, self.lr_scales, self._active)

@@ -45,7 +45,8 @@ MEMBER_KEYS = ("train.seed", "data.seed", "train.lr", "train.final_lr")
 
 def check_members(configs: list[ml_collections.ConfigDict]) -> list[float]:
   """Each member's lr as a multiple of member 0's; refuses members that differ in anything but
-  MEMBER_KEYS, or whose final_lr is not in member 0's ratio to lr (one line each)."""
+  MEMBER_KEYS, or whose final_lr is not in member 0's ratio to lr, and the cudnn kernel (one
+  line each)."""
   def shared(config):
     return {k: v for k, v in run_record.setting(config).items() if k not in MEMBER_KEYS}
   first, ratio = shared(configs[0]), configs[0].train.final_lr / configs[0].train.lr
@@ -62,6 +63,10 @@ def check_members(configs: list[ml_collections.ConfigDict]) -> list[float]:
     if config.init_from_hf:
       raise TrainError("init_from_hf: a population member cannot start from a Hugging Face "
                        "folder; train it with train.py")
+  if configs[0].model.kernel == "cudnn":
+    raise TrainError("model.kernel: cudnn cannot train a population (jax's cuDNN attention does "
+                     "not batch over members: packed rows, wider values, masks); use auto or "
+                     "pallas")
   return [float(c.train.lr / configs[0].train.lr) for c in configs]
 
 
