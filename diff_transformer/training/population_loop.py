@@ -25,6 +25,7 @@ import ml_collections
 import numpy as np
 from tqdm import tqdm
 
+from diff_transformer import kernels
 from diff_transformer.errors import TrainError
 from diff_transformer.mesh import check_parallelism, make_mesh
 from diff_transformer.model.attention import spec_from_config
@@ -150,7 +151,8 @@ def _train(configs, workdirs, scales, name: str) -> list[dict]:
     return [dict(step=0, failed=m.failed) for m in everyone]
   start, t = live[0].run.start, configs[0].train
   for m in live:
-    m.logger, m.window = start_logging(m.run, bar=False)
+    with kernels.auto.population_members():  # the kernel and FLOPs it logs: the population's
+      m.logger, m.window = start_logging(m.run, bar=False)
     m.logger.write(start, dict(population=name, member=m.index, members=len(everyone)),
                    kind="population")
     m.summary = dict(step=start, stopped_by=None)
