@@ -5,6 +5,7 @@ recorded. The study runs in parts; what is not recorded yet is waiting, never a 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -83,3 +84,15 @@ def test_the_pair_counts_every_seed_once_all_are_recorded(confirm4):
   ends = [v for v, t in grid["tuned"].items() if t.get("at_end")]
   limits = " ".join(preamble.limits(result))
   assert all(v in limits for v in ends)
+
+
+def test_the_status_line_counts_the_committed_records():
+  """docs/results/README.md says how far the study is: its counts are the records'."""
+  text = " ".join((ROOT / "docs" / "results" / "README.md").read_text().split())
+  found = re.search(r"Status: (\d+) grid records committed \((\d+) of them the tuned study's, "
+                    r"reused\), (\d+) of 32 compared runs", text)
+  assert found, "the confirmatory study's status line is missing"
+  grid = [json.loads(p.read_text()) for p in (COMMITTED / "records" / "lr_grid").glob("*.json")]
+  compared = list((COMMITTED / "records").glob("*.json"))
+  assert [int(g) for g in found.groups()] == [
+      len(grid), sum("reused_from" in r for r in grid), len(compared)]
