@@ -31,7 +31,7 @@ from diff_transformer.model.attention.shared_diff import LOWRANK_INITS  # noqa: 
 from diff_transformer.model.attention import spec_from_config  # noqa: E402
 from diff_transformer.runs.folder import RunFolder  # noqa: E402
 from diff_transformer.study.run_metrics import curve, first_step  # noqa: E402
-from diff_transformer.study.stats import censored_median, summarize  # noqa: E402
+from diff_transformer.stats import censored_median, summarize  # noqa: E402
 
 
 def logit_rms(preset: str, lowrank_init: str | None = None) -> float:

@@ -19,7 +19,7 @@ from diff_transformer.params import heads_for
 from diff_transformer.study import (invocations, markdown, paired, run_metrics, runner,
                                     study_json, summarize)
 from diff_transformer.study.definition import Study
-from diff_transformer.study.stats import censored_median, holm, min_p, sign_flip_p
+from diff_transformer.stats import censored_median, holm, min_p, sign_flip_p
 from tests.helpers.studies import CELLS_STUDY, TINY_STUDY
 
 ROOT = Path(__file__).resolve().parents[1]

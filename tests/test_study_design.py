@@ -18,7 +18,7 @@ from diff_transformer.errors import UserError, message_lines
 from diff_transformer.study import grid as lr_grid
 from diff_transformer.study import formatting, markdown, preamble, records, run_metrics, study_json
 from diff_transformer.study.formatting import num
-from diff_transformer.study.stats import paired_censored, seeds_needed, smallest_holm_p
+from diff_transformer.stats import paired_censored, seeds_needed, smallest_holm_p
 from diff_transformer.runs.record import check_setting, setting
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -217,7 +217,7 @@ def test_past_early_descent_and_the_loss_at_part_of_the_budget_from_a_curve():
 
 
 def test_the_smallest_effect_a_design_resolves():
-  from diff_transformer.study.stats import smallest_effect
+  from diff_transformer.stats import smallest_effect
   # 8 seeds, 3 comparisons: (t_{1 - 0.05/6, 7} + t_{0.8, 7}) / sqrt(8), about 1.42 paired SDs
   want = (scipy_stats.t.ppf(1 - 0.05 / 6, 7) + scipy_stats.t.ppf(0.8, 7)) / 8 ** 0.5
   assert smallest_effect(8, 3) == pytest.approx(want) and 1.3 < want < 1.5

@@ -12,7 +12,7 @@ from diff_transformer.errors import ConfigError
 from diff_transformer.model.attention import known_variant, variant_names
 from diff_transformer.study.named import candidate_cells
 from diff_transformer.study.overrides import BySize
-from diff_transformer.study.stats import ALPHA
+from diff_transformer.stats import ALPHA
 
 
 def _cells(study) -> None:

@@ -36,7 +36,7 @@ from diff_transformer.model.attention import PAPER_VARIANTS
 from diff_transformer.study import checks
 from diff_transformer.study.named import Cell, Point, Tuned, candidate_cells
 from diff_transformer.study.overrides import BySize, at_lr, number, parse_set, set_key
-from diff_transformer.study.stats import ALPHA, seeds_needed, smallest_holm_p
+from diff_transformer.stats import ALPHA, seeds_needed, smallest_holm_p
 
 BASELINE = "transformer"
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 from diff_transformer.study.formatting import pm, signed, table
-from diff_transformer.study.stats import paired, summarize
+from diff_transformer.stats import paired, summarize
 
 
 def effects(study, runs: list[dict]) -> dict:

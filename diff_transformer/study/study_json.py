@@ -15,7 +15,7 @@ from diff_transformer.paths import write_atomic
 from diff_transformer.study import factorial
 from diff_transformer.study.definition import BASELINE, Study
 from diff_transformer.study.overrides import BySize
-from diff_transformer.study.stats import (censored_median, holm, min_p, paired, paired_censored,
+from diff_transformer.stats import (censored_median, holm, min_p, paired, paired_censored,
                                           summarize)
 
 TASK_SCALARS = ("final_loss", "val_accuracy", "steps_to_90", "first_query_accuracy",

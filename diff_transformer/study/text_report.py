@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from diff_transformer.study.formatting import against, diff, num, pair_seeds, plural, signed, table
-from diff_transformer.study.stats import smallest_effect
+from diff_transformer.stats import smallest_effect
 from diff_transformer.evaluation.loss import FREQUENCY_CLASSES
 from diff_transformer.study.definition import BASELINE
 from diff_transformer.study.study_json import BREAKDOWNS
