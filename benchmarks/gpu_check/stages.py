@@ -59,9 +59,11 @@ JOBS = {
         # named): ~35 programs at ~2.7 s (32 programs took 87 s) plus the oracles.
         ("correctness", 130, "--lengths=2048+--dtypes=bfloat16+--paths=cudnn,cudnn_padded,"
          "cudnn_packed_as_is+--cases=830m:2048,830m:2048:packed,3b:2048,3b:2048:packed"),
-        # 4 variants x 3 paths at 2K, causal rows (no segment ids: the unpacked call) and
-        # packed documents: 24 programs (the H200 compiled 16 such in 46 s), 7 rounds.
-        ("kernels", 120, "--lengths=2048+--paths=cudnn,cudnn_padded,pallas"
+        # 4 variants x 4 paths at 2K, causal rows (no segment ids: the unpacked call) and
+        # packed documents: 32 programs (the H200 compiled 16 such in 46 s), 7 rounds. Two
+        # calls sharing v against the one call over [q1; q2] (whose concatenations the compiled
+        # step copies: docs/performance.md), for DIFF V1 and Shared DIFF.
+        ("kernels", 140, "--lengths=2048+--paths=cudnn,cudnn_two_calls,cudnn_padded,pallas"
          "+--masks=causal,document+--tag=_exact"),
         # The 830M step at full depth, 2K, kernel=auto: four variants causal (the paper's rows),
         # DIFF V1 and the Transformer masked by document; 6 programs (16 took 61 s), 4 states;
