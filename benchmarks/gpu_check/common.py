@@ -16,19 +16,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import jax
-import ml_collections
 import numpy as np
 
 from bench_common import paper_config, small_config
-from diff_transformer.aot import peak_bytes
-from diff_transformer.aot.gpu import FIXED_MARGIN_BYTES, GIB
-from diff_transformer.aot.plan import lighter
 from diff_transformer.errors import first_line
 from diff_transformer.kernels import auto, cudnn
-from diff_transformer.mesh import data_parallel_size
 from diff_transformer.model.attention import PAPER_VARIANTS
 from diff_transformer.paths import write_atomic
-from diff_transformer.training.step import Trainer
 
 PACKAGES = ("jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda13-pjrt", "flax", "optax",
             "orbax-checkpoint", "chex", "grain", "ml-collections", "numpy", "triton",
@@ -45,7 +39,8 @@ class Options:
   (decode: the step's compile settings, the batch sizes replacing the stage's on a GPU),
   variants and paths (what the correctness, kernels and train stages run; empty paths: all),
   masks (train and kernels: causal rows and/or document-masked rows; empty: the stage's own,
-  train causal, kernels document) and document_variants (train: the variants timed masked), dtypes (correctness on a GPU)."""
+  train causal, kernels document), document_variants (train: the variants timed masked),
+  dtypes (correctness on a GPU)."""
   lengths: tuple[int, ...] = ()
   labels: tuple[str, ...] = ("auto", "other")
   tag: str = ""
@@ -207,54 +202,3 @@ def model_config(run: StageRun, variant: str, *, seq_len: int, batch: int, kerne
                    kernel=kernel, size=o.size)
   c.model.remat = o.remat
   return c
-
-
-def compiled_gib(executable) -> float | None:
-  """A compiled step's peak per device (arguments + outputs + temporaries - aliased), GiB."""
-  mem = executable.memory_analysis()
-  return None if mem is None else peak_bytes(mem) / GIB
-
-
-def fit_to_memory(runs: list[dict], compiled: dict, limit: int | None) -> None:
-  """Before anything runs: each cell's compiled peak (`compiled_gib`, on this device: cuDNN's
-  workspace counted, as the deviceless compile of aot_compile.py cannot) against the memory
-  jax may take (`limit`, XLA_PYTHON_CLIENT_MEM_FRACTION of the device's) less a margin. A cell
-  over it is compiled again at each lighter launch in aot/plan.py's order (fewer sequences per
-  micro-batch, the step accumulating gradients over the rest; then remat 'full') and takes the
-  first that fits; none fits: it is refused with the last peak, and nothing of it runs. Every
-  launch tried is in the cell's `fit_tried`. Without a limit (CPU) the peaks are only recorded."""
-  for i, r in enumerate(runs):
-    if isinstance(compiled[i], BaseException) or "trainer" not in r:
-      continue
-    trainer = r["trainer"]
-    r.update(remat=trainer.config.model.remat, micro_batches=trainer.micro_batches,
-             compiled_gib=compiled_gib(compiled[i]))
-    if _fits(r["compiled_gib"], limit):
-      continue
-    r["fit_tried"] = [dict(remat=r["remat"], micro_batches=r["micro_batches"],
-                           compiled_gib=r["compiled_gib"])]
-    for remat, _, micro in lighter(trainer.config, data_parallel_size(trainer.mesh)):
-      config = ml_collections.ConfigDict(trainer.config.to_dict())
-      config.model.remat, config.train.micro_batches = remat, micro
-      try:
-        lighter_trainer = Trainer(config, trainer.mesh)
-        step = lighter_trainer.lower_train_step(r["data"]).compile()
-      except Exception as e:  # recorded per cell
-        compiled[i] = e
-        break
-      peak = compiled_gib(step)
-      r["fit_tried"].append(dict(remat=remat, micro_batches=micro, compiled_gib=peak))
-      if _fits(peak, limit):
-        r.update(trainer=lighter_trainer, remat=remat, micro_batches=micro, compiled_gib=peak)
-        compiled[i] = step
-        break
-    else:
-      last = r["fit_tried"][-1]
-      compiled[i] = MemoryError(
-          f"refused before running: compiled peak {last['compiled_gib']:.1f} GiB (remat "
-          f"{last['remat']}, {last['micro_batches']} micro-batches) + "
-          f"{FIXED_MARGIN_BYTES / GIB:.0f} GiB margin over the {limit / GIB:.1f} GiB jax may take")
-
-
-def _fits(peak_gib: float | None, limit: int | None) -> bool:
-  return not limit or peak_gib is None or peak_gib * GIB + FIXED_MARGIN_BYTES <= limit

@@ -23,7 +23,8 @@ import numpy as np
 
 from bench_common import Stepper, interleaved_times, spread, synthetic_batch
 from benchmarks.gpu_check.common import (Deadline, Record, StageRun, compile_all, error_text,
-                                         fit_to_memory, model_config)
+                                         model_config)
+from benchmarks.gpu_check.fit import fit_to_memory
 from diff_transformer.aot.gpu import FIXED_MARGIN_BYTES, GIB
 from diff_transformer.mesh import global_batch, make_mesh
 from diff_transformer.model.attention import spec_from_config
