@@ -8,9 +8,8 @@
 The stages, their caps and the order they run in are one table (stages.py), which
 tools/gpu_check.sh asks for its plan; each stage is a module here (env, correctness, kernels,
 train, profile, decode) with what they share in common.py (and the train stage's memory fit
-in fit.py). Each stage writes
-OUT/gpu_check_<stage>.json after every cell, so a stage stopped by its time cap keeps what it
-finished; a failing cell records its error and the stage goes on.
+in fit.py). Each stage writes OUT/gpu_check_<stage>.json after every cell, so a stage stopped by
+its time cap keeps what it finished; a failing cell records its error and the stage goes on.
 """
 import sys
 from pathlib import Path
