@@ -140,3 +140,10 @@ def global_batch(mesh: jax.sharding.Mesh, local_batch: dict[str, np.ndarray]
   sharding = batch_sharding(mesh)
   return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v))
           for k, v in local_batch.items()}
+
+
+def local_rows(x) -> np.ndarray:
+  """The rows this process holds: a host array as it is, a global array's addressable shards."""
+  if isinstance(x, jax.Array) and not x.is_fully_addressable:
+    return np.concatenate([np.asarray(s.data) for s in x.addressable_shards])
+  return np.asarray(x)

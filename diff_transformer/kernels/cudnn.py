@@ -13,7 +13,9 @@ The two softmax maps become extra query heads of ONE call:
   [B, 1, T, T] mask and no bias gradient. A row holds at most `max_segments` such sequences
   (cuDNN's batch and its softmax statistics grow with that cap); a batch with a row over the
   cap takes the padded layout instead (`lax.cond`, rematerialised, so it stores nothing when not
-  taken). Packed offsets hold for q's head width only, so a packed call has its values at q's
+  taken). A train step takes no cond: under autodiff it would keep both branches' residuals for
+  every layer, zeros for the branch not taken. Its driver reads the rows on the host
+  (`rows_over_cap`) and runs the step traced for the one layout (`decided`). Packed offsets hold for q's head width only, so a packed call has its values at q's
   width (`equal_widths`): DIFF V1's 2d-wide values as two d-wide halves (and, before jax
   0.11.2, GQA's k/v heads repeated).
 - **padded** (elsewhere, for an explicit decoding mask, and where the environment variable
@@ -24,11 +26,13 @@ Which layout runs, and why, is said once per process.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from diff_transformer import sharding
 from diff_transformer.kernels import common
@@ -47,6 +51,34 @@ KV_OFFSETS_BY_KEY_HEADS = jax.__version_info__ >= (0, 11, 2)
 # cuDNN's batch is rows x this cap, so its softmax statistics are [B * cap, heads, T] float32.
 MAX_SEGMENTS = 16
 _SAID: set[str] = set()
+
+
+_DECIDED: list[bool] = []  # decided()'s answers, innermost last
+
+
+@contextlib.contextmanager
+def decided(over_cap: bool):
+  """Traces packed calls for rows known to be over the cap (`over_cap`: the padded layout) or
+  within it (the exact layout), with no cond of their own."""
+  _DECIDED.append(over_cap)
+  try:
+    yield
+  finally:
+    _DECIDED.pop()
+
+
+def cap_applies(implementation: str) -> bool:
+  """Whether packed rows through `implementation` (a resolved kernel) meet the cap here."""
+  return implementation == "cudnn" and not exact_reason()
+
+
+def rows_over_cap(segment_ids, max_segments: int = MAX_SEGMENTS) -> bool:
+  """On the host: whether a row of `segment_ids` ([..., T]) holds more contiguous runs than the
+  packed layout takes (packed_segments' `over_cap`, from the rows before they reach a device)."""
+  seg = np.asarray(segment_ids)
+  seg = seg.reshape(-1, seg.shape[-1])
+  runs = 1 + np.count_nonzero(seg[:, 1:] != seg[:, :-1], axis=1)
+  return bool(np.any(runs > min(max_segments, seg.shape[-1])))
 
 
 def _say_once(line: str) -> None:
@@ -132,11 +164,15 @@ def _exact(core, q, k, v, *, scale, causal, segment_ids, max_segments: int, fall
   then its inputs alone)."""
   if segment_ids is None:
     return core(q, k, v, scale=scale, causal=causal)
+  padded = lambda q, k, v: fallback(q, k, v, scale=scale, causal=causal,
+                                    segment_ids=segment_ids, mask=None)
+  if _DECIDED and _DECIDED[-1]:
+    return padded(q, k, v)
   packed, over_cap = packed_segments(segment_ids, max_segments)
   in_layout = lambda q, k, v: core(q, k, v, scale=scale, causal=causal, **packed)
-  over = jax.checkpoint(lambda q, k, v: fallback(q, k, v, scale=scale, causal=causal,
-                                                 segment_ids=segment_ids, mask=None))
-  return jax.lax.cond(over_cap, over, in_layout, q, k, v)
+  if _DECIDED:
+    return in_layout(q, k, v)
+  return jax.lax.cond(over_cap, jax.checkpoint(padded), in_layout, q, k, v)
 
 
 def _padded(q, k, v, *, scale, causal, segment_ids, mask, implementation) -> Array:

@@ -111,8 +111,9 @@ def _train(config: ml_collections.ConfigDict, workdir: Path, lock: WorkdirLock |
     if run.start >= config.train.steps and RunFolder(workdir).read_summary() is None:
       alone.evaluate(state, run.start)  # saved at its last step, stopped before its summary
     while loop.going:
-      batch = global_batch(run.mesh, next(run.iterator))
-      state, metrics = trainer.train_step(state, batch)
+      rows = next(run.iterator)
+      batch = global_batch(run.mesh, rows)
+      state, metrics = trainer.train_step(state, batch, host_batch=rows)
       loop.after_step(state, batch, metrics)
   finally:
     stop.close()

@@ -21,15 +21,19 @@ from collections.abc import Mapping
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 import optax
 from flax import nnx
+from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from diff_transformer import kernels
+from diff_transformer.kernels import cudnn
 from diff_transformer.data import synthetic
+from diff_transformer.mesh import local_rows
 from diff_transformer.model import build_model, split_params
 from diff_transformer.model.spec import ModelSpec
-from diff_transformer.model.attention import spec_from_config
+from diff_transformer.model.attention import kernel_inputs, spec_from_config
 from diff_transformer.sharding import BATCH, LENGTH, LOGICAL_RULES, constrain
 from diff_transformer.runs.layout import ModelLayout, State
 from diff_transformer.training import loss
@@ -74,8 +78,11 @@ class Trainer:
         self.abstract_state, self.state_shardings)
     # The seed is traced (a key argument), so every seed of one model shares one program.
     self._init = jax.jit(self.init_fn, out_shardings=self.state_shardings)
-    self._train_step = jax.jit(self.train_step_fn, out_shardings=(self.state_shardings, None),
-                               donate_argnums=0)
+    # The step as traced for rows the driver found within cuDNN's packed cap, or over it
+    # (kernels/cudnn.py `decided`), and as traced without that decision (elsewhere).
+    self._train_steps = {over: jax.jit(self._deciding(over), donate_argnums=0,
+                                       out_shardings=(self.state_shardings, None))
+                         for over in (None, False, True)}
     self._grads = jax.jit(self._grads_fn)
     self._eval_step = jax.jit(self._eval_step_fn)
     self._logits = jax.jit(self._logits_fn)
@@ -183,6 +190,29 @@ class Trainer:
                      constants=state["constants"], opt_state=opt_state)
     return new_state, metrics
 
+  def _deciding(self, over_cap: bool | None):
+    """train_step_fn, its packed cuDNN calls traced for rows within the cap (False) or over it
+    (True), or (None) left to decide for themselves."""
+    if over_cap is None:
+      return self.train_step_fn
+
+    def step(state: State, batch: Batch):
+      with cudnn.decided(over_cap):
+        return self.train_step_fn(state, batch)
+    return step
+
+  def rows_over_cap(self, batch: Mapping) -> bool | None:
+    """Whether a row of `batch` (host arrays, or arrays it reads back) holds more documents than
+    cuDNN's packed layout takes (model.max_segments), where this step's attention meets that cap
+    (on a GPU in the exact layout; kernels/cudnn.py); None elsewhere. Every process of a
+    multi-process run answers for all (each reads its own rows)."""
+    if not self._meets_cap(batch):
+      return None
+    over = cudnn.rows_over_cap(local_rows(batch["segment_ids"]), self.spec.max_segments)
+    if jax.process_count() > 1:
+      over = bool(np.any(multihost_utils.process_allgather(np.asarray(over))))
+    return over
+
   def _eval_step_fn(self, params, constants, batch: Batch):
     _, ((nll_sum, _, correct_sum), _) = self._loss_fn(params, constants, batch, 1.0)
     return nll_sum, jnp.sum(batch["weights"]), correct_sum
@@ -192,11 +222,15 @@ class Trainer:
     return model(batch["inputs"], batch.get("positions"), batch.get("segment_ids"))
 
   # ---- public entry points (run under the mesh so activation constraints apply) -----------
-  def train_step(self, state: State, batch: Batch) -> tuple[State, dict]:
+  def train_step(self, state: State, batch: Batch, host_batch: Mapping | None = None
+                 ) -> tuple[State, dict]:
     """(new state, metrics): loss, grad_norm, lr, tokens, accuracy, [z_loss], and `layers`,
-    the attention's per-layer metrics ({name: [L]}, e.g. lambda; see Attention.metrics)."""
+    the attention's per-layer metrics ({name: [L]}, e.g. lambda; see Attention.metrics).
+    `host_batch`: the rows as the host holds them before `batch` reaches the devices (read for
+    rows_over_cap; default: `batch`, read back where it is needed)."""
+    over_cap = self.rows_over_cap(batch if host_batch is None else host_batch)
     with self.context():
-      return self._train_step(state, batch)
+      return self._train_steps[over_cap](state, batch)
 
   def lower_train_step(self, batch: Mapping[str, jax.Array | jax.ShapeDtypeStruct],
                        platforms: tuple[str, ...] | None = None) -> jax.stages.Lowered:
@@ -206,11 +240,23 @@ class Trainer:
     only, benchmarks/lower_cudnn.py), with every 'auto' choice made for the first of them."""
     with self.context():
       if platforms is None:
-        return self._train_step.lower(self.abstract_state, batch)
+        return self._train_steps[self._within_cap(batch)].lower(self.abstract_state, batch)
       target = "gpu" if platforms[0] in ("cuda", "rocm") else platforms[0]
       with kernels.auto.target_platform(target):
-        return self._train_step.trace(self.abstract_state, batch).lower(
-            lowering_platforms=platforms)
+        step = self._train_steps[self._within_cap(batch)]
+        return step.trace(self.abstract_state, batch).lower(lowering_platforms=platforms)
+
+  def _within_cap(self, batch) -> bool | None:
+    """The step an abstract batch compiles to: the one for rows within the cap where it applies
+    (what every batch but an unusual one runs)."""
+    return False if self._meets_cap(batch) else None
+
+  def _meets_cap(self, batch) -> bool:
+    """Whether this step's packed rows meet cuDNN's packed cap here (kernels/cudnn.py)."""
+    if not self.packed_rows:
+      return False
+    p = kernel_inputs(self.spec, batch["segment_ids"].shape[-1])
+    return cudnn.cap_applies(kernels.resolve(self.spec.kernel, p.q1, p.k1, p.v))
 
   def grads(self, state: State, batch: Batch):
     """(grads, mean loss) of one step without updating: for the sharding-equality tests."""
