@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from configs.scaling import get_config  # noqa: E402
 from diff_transformer.config import base_config, validate  # noqa: E402
 from diff_transformer.model.attention import make_spec  # noqa: E402
-from diff_transformer.params import heads_for  # noqa: E402
+from diff_transformer.params import heads_for, set_rank  # noqa: E402
 from diff_transformer.model.attention import kernel_inputs  # noqa: E402
 
 PAPER_SIZE = "830m"
@@ -53,7 +53,7 @@ def small_config(variant: str, *, seq_len: int, batch: int, kernel: str = "auto"
   m = c.model
   m.variant, m.d_model, m.num_layers, m.head_dim = variant, d_model, layers, head_dim
   m.num_heads = heads_for(variant, d_model, head_dim)
-  m.rank = 4 if variant == "shared_diff" else 0
+  set_rank(m, 4)
   m.ffn_dim, m.vocab_size, m.max_seq_len, m.kernel, m.dtype = 2 * d_model, vocab, seq_len, kernel, dtype
   c.data.seq_len, c.train.global_batch_size = seq_len, batch
   return validate(c)

@@ -30,7 +30,7 @@ from diff_transformer.xla_flags import FAST_COMPILE_FLAGS  # noqa: E402
 from diff_transformer.cli import out_file  # noqa: E402
 from diff_transformer import params  # noqa: E402
 from diff_transformer.config import base_config, validate  # noqa: E402
-from diff_transformer.model.attention import PAPER_VARIANTS  # noqa: E402
+from diff_transformer.model.attention import PAPER_VARIANTS, set_model  # noqa: E402
 from diff_transformer.mesh import make_mesh  # noqa: E402
 from diff_transformer.training.step import Trainer  # noqa: E402
 
@@ -58,9 +58,10 @@ def measure_here() -> dict:
   for variant in PAPER_VARIANTS:
     heads = params.heads_for(variant, D, HEAD_DIM)
     c = base_config()
-    c.model.update(dict(variant=variant, vocab_size=96, d_model=D, num_layers=2, head_dim=HEAD_DIM,
-                        ffn_dim=64, max_seq_len=T, num_heads=heads, num_kv_heads=max(1, heads // 2),
-                        rank=4 if variant == "shared_diff" else 0, kernel="xla"))
+    set_model(c.model, variant=variant, vocab_size=96, d_model=D, num_layers=2,
+              head_dim=HEAD_DIM, ffn_dim=64, max_seq_len=T, num_heads=heads,
+              num_kv_heads=max(1, heads // 2), kernel="xla")
+    params.set_rank(c.model, 4)
     c.data.seq_len, c.train.global_batch_size = T, B
     trainer = Trainer(validate(c), make_mesh(c.mesh, devices=jax.devices()[:1]))
     state = trainer.init(0)

@@ -37,7 +37,7 @@ from diff_transformer.stats import censored_median, summarize  # noqa: E402
 def logit_rms(preset: str, lowrank_init: str | None = None) -> float:
   c = presets.get_config(preset)
   if lowrank_init:
-    c.model.lowrank_init = lowrank_init
+    c.model.shared_diff.lowrank_init = lowrank_init
   return outliers.initial_logit_rms(spec_from_config(c.model), c.data.task.vocab_size)
 
 
@@ -47,7 +47,7 @@ def train(arm: str, seed: int, steps: int, root: Path) -> dict:
   args = [sys.executable, "train.py", f"--config=configs/synthetic.py:{variant}-mqar",
           f"--workdir={workdir}", f"--config.train.steps={steps}",
           f"--config.train.checkpoint_every={steps}", f"--config.train.seed={seed}",
-          f"--config.data.seed={seed}"] + ([f"--config.model.lowrank_init={init}"] if init else [])
+          f"--config.data.seed={seed}"] + ([f"--config.model.shared_diff.lowrank_init={init}"] if init else [])
   if RunFolder(workdir).read_summary() is None:
     workdir.mkdir(parents=True, exist_ok=True)
     with open(workdir / "train.log", "w") as log:

@@ -97,7 +97,7 @@ def get_config(preset: str = "diff-830m"):
   row = DIFF_ROWS[size]
   if variant == "shared_diff":
     d_model, layers, heads, rank = SHARED_ROWS[size]
-    m.d_model, m.num_layers, m.num_heads, m.rank = d_model, layers, heads, rank
+    m.d_model, m.num_layers, m.num_heads, m.shared_diff.rank = d_model, layers, heads, rank
     m.head_dim = d_model // (2 * heads) // 2 * 2  # even, for RoPE pairs
     m.ffn_dim = SHARED_FFN.get(size, ffn_width(d_model))
     source = f"Shared DIFF paper Table {'1' if size == '3b' else '3'} ({size})"

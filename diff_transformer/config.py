@@ -13,7 +13,8 @@ from diff_transformer import kernels
 from diff_transformer.data import synthetic
 from diff_transformer.data.synthetic import task_spec
 from diff_transformer.errors import ConfigError
-from diff_transformer.model.attention import model_section, spec_from_config, variant_class
+from diff_transformer.model.attention import (model_section, other_sections_changed, section,
+                                              spec_from_config, variant_class)
 
 KERNELS = ("auto", *kernels.KERNELS)  # auto: kernels/auto.py picks one per platform and shapes
 REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
@@ -128,7 +129,7 @@ def _fail(field: str, constraint: str) -> None:
 
 def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """Checks every constraint the model and trainer rely on; returns the config."""
-  attention = variant_class(config.model.variant)  # first: its own options are model keys
+  attention = variant_class(config.model.variant)  # first: a module:Class is imported
   _check_keys(config, base_config(), "")
   _check_finite(config, "")
   m = config.model
@@ -157,7 +158,11 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   if query_heads % spec.kv_heads:
     _fail("model.num_kv_heads", f"{spec.kv_heads} kv heads do not divide {query_heads} query "
           "heads")
-  spec.options.check()  # the variant's own keys (its Options)
+  spec.options.check(f"model.{section(spec.variant)}")  # the variant's own keys
+  ignored = other_sections_changed(m)
+  if ignored:
+    _fail(ignored, f"an option of {ignored.split('.')[1]}, not of {spec.variant} (a run reads "
+          f"model.{spec.variant}.* alone; leave it at its default)")
   attention.check(spec)
   if m.rope_pairs not in ("interleaved", "half"):
     _fail("model.rope_pairs", f"'{m.rope_pairs}' is not one of interleaved, half")

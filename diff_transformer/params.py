@@ -15,7 +15,7 @@ import ml_collections
 from flax import nnx
 
 from diff_transformer.model import build_model
-from diff_transformer.model.attention import spec_from_config, variant_class
+from diff_transformer.model.attention import section, spec_from_config, variant_class
 from diff_transformer.model.spec import ModelSpec
 
 EMBEDDING_MODULES = ("embed", "lm_head")
@@ -86,17 +86,25 @@ def match_ffn(config: ml_collections.ConfigDict, target_params: int
   return config
 
 
+def set_rank(model: ml_collections.ConfigDict, rank: int) -> None:
+  """The low-rank width of the model section's variant where it has one (Shared DIFF's
+  model.shared_diff.rank); other variants have none and are left as they are."""
+  own = model.get(section(model.variant))
+  if own is not None and "rank" in own:
+    own.rank = rank
+
+
 def matched_variant(config: ml_collections.ConfigDict, variant: str,
                     rank: int = 0) -> ml_collections.ConfigDict:
   """`config` (any variant) turned into `variant` at the same D, depth, head width and
   vocabulary, with heads by `heads_for` and parameters matched to the Transformer's."""
   base = copy.deepcopy(config)
   m = base.model
-  m.variant, m.num_heads, m.rank = "transformer", heads_for("transformer", m.d_model,
-                                                           m.head_dim), 0
+  m.variant, m.num_heads = "transformer", heads_for("transformer", m.d_model, m.head_dim)
   target = count(spec_from_config(m))["params"]
   out = copy.deepcopy(base)
   out.model.variant = variant
   out.model.num_heads = heads_for(variant, m.d_model, m.head_dim)
-  out.model.rank = rank if variant_class(variant).low_rank else 0
+  if rank:
+    set_rank(out.model, rank)
   return out if variant == "transformer" else match_ffn(out, target)

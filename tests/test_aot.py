@@ -7,7 +7,7 @@ pytest.importorskip("libtpu", reason="the tpu extra (pip install -e '.[tpu]') pr
 from configs import scaling  # noqa: E402
 from diff_transformer import aot, params  # noqa: E402
 from diff_transformer.config import validate  # noqa: E402
-from diff_transformer.model.attention import spec_from_config  # noqa: E402
+from diff_transformer.model.attention import set_model, spec_from_config  # noqa: E402
 
 GIB = 1024 ** 3
 
@@ -17,7 +17,7 @@ def preset_on_v5e_2x2(seq_len: int = 2048, **model):
   c.data.seq_len = c.model.max_seq_len = seq_len
   c.mesh.data, c.mesh.fsdp = 1, -1
   c.model.remat = "full"
-  c.model.update(model)
+  set_model(c.model, **model)
   # kernel='auto' (the preset's): aot.py resolves it for the TPU, i.e. the fused Pallas kernel.
   assert c.model.kernel == "auto"
   c.train.global_batch_size = 4  # one sequence per chip

@@ -22,8 +22,9 @@ SEG = np.array([[1] * 5 + [2] * 7, [1] * 12])
 
 def make(variant, kv, seed, **kw):
   heads, d = entry(variant).numerics
+  low_rank = {"rank": 6} if variant == "shared_diff" else {}
   spec = make_spec(variant=variant, d_model=D, num_heads=heads, num_kv_heads=kv, head_dim=d,
-                   rank=6 if variant_class(variant).low_rank else 0, **kw)
+                   **low_rank, **kw)
   attn = variant_class(variant)(spec, LAYER, rngs=nnx.Rngs(seed))
   # Fresh random values for EVERY parameter (gains and low-rank factors included).
   rng = np.random.default_rng(seed)

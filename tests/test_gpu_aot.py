@@ -20,7 +20,7 @@ from diff_transformer import aot  # noqa: E402
 from diff_transformer.aot import inventory, plan  # noqa: E402
 from diff_transformer.aot.hlo import Hlo  # noqa: E402
 from diff_transformer.config import validate  # noqa: E402
-from diff_transformer.model.attention import PAPER_VARIANTS  # noqa: E402
+from diff_transformer.model.attention import PAPER_VARIANTS, set_model  # noqa: E402
 from diff_transformer.params import heads_for  # noqa: E402
 
 T, D, D_HEAD, FFN, VOCAB, ROWS_PER_GPU = 2048, 384, 96, 1024, 1024, 2
@@ -32,7 +32,7 @@ def small_config(variant: str, packed: bool, gpus: int, **model):
   c = plan.for_gpus(scaling.get_config(f"{variant}-830m"))
   m = c.model
   heads = heads_for(variant, D, D_HEAD)
-  m.update(dict(d_model=D, num_heads=heads, num_kv_heads=heads, head_dim=D_HEAD, ffn_dim=FFN,
+  set_model(m, **dict(d_model=D, num_heads=heads, num_kv_heads=heads, head_dim=D_HEAD, ffn_dim=FFN,
                 num_layers=1, vocab_size=VOCAB, max_seq_len=T) | model)
   c.data.seq_len, c.data.document_mask = T, packed
   c.train.global_batch_size, c.train.micro_batches = ROWS_PER_GPU * gpus, 1

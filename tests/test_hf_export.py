@@ -125,13 +125,13 @@ def test_export_imports_back_bitwise(exported):
 
 
 @pytest.mark.parametrize("field,value,needle", [
-    ("subln", False, "model.subln"),
-    ("lambda_init", 0.8, "model.lambda_init"),
-    ("norm_out_scale", "layer_rule", "model.norm_out_scale"),
-    ("v2_pairing", "halves", "model.v2_pairing"),
-    ("v2_lambda", "none", "model.v2_lambda"),
+    ("subln", False, "model.diff.subln"),
+    ("lambda_init", 0.8, "model.diff.lambda_init"),
+    ("norm_out_scale", "layer_rule", "model.diff.norm_out_scale"),
+    ("v2_pairing", "halves", "model.diff_v2.v2_pairing"),
+    ("v2_lambda", "none", "model.diff_v2.v2_lambda"),
     ("short_conv", 4, "model.short_conv"),
-    ("head_norm", True, "model.head_norm"),
+    ("head_norm", True, "model.transformer.head_norm"),
 ])
 def test_refuses_what_the_target_cannot_hold(tmp_path, field, value, needle):
   from diff_transformer.interop import InteropError

@@ -11,7 +11,7 @@ from flax import nnx
 from diff_transformer import kernels
 from diff_transformer.model import build_model, split_params
 from diff_transformer.model.decoder import unrolled
-from diff_transformer.model.attention import LayerConstant
+from diff_transformer.model.attention import LayerConstant, set_model
 from tests.helpers.variant_table import VARIANTS, tiny
 
 T = 16
@@ -101,7 +101,7 @@ def _initial_logit_rms(preset: str, **model) -> float:
   from diff_transformer.evaluation import outliers
   from diff_transformer.model.attention import spec_from_config
   c = presets.get_config(preset)
-  c.model.update(model)
+  set_model(c.model, **model)
   return outliers.initial_logit_rms(spec_from_config(c.model), 256, rows=2, T=48)
 
 

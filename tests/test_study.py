@@ -15,7 +15,7 @@ import pytest
 
 from diff_transformer import cli
 from diff_transformer.errors import UserError, message_lines
-from diff_transformer.params import heads_for
+from diff_transformer.params import heads_for, set_rank
 from diff_transformer.study import (invocations, markdown, paired, run_metrics, runner,
                                     study_json, summarize)
 from diff_transformer.study.definition import Study
@@ -272,7 +272,7 @@ def test_sized_study_points_and_a_grid_at_one_size():
     c = default.get_config()
     c.model.variant, c.model.d_model = variant, int(size[1:])
     c.model.num_heads = heads_for(variant, c.model.d_model, c.model.head_dim)
-    c.model.rank = 8 if variant == "shared_diff" else 0
+    set_rank(c.model, 8)
     return c
 
   s = Study(name="sized", make=make, sizes=("d64", "d128"), primary="loss@d128",

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from diff_transformer import cli
+from diff_transformer.model.attention import nested
 from diff_transformer.study import preamble, runner
 from diff_transformer.study.runner import REPORT_ONLY, WAITING
 
@@ -70,7 +71,8 @@ def test_every_compared_run_is_at_its_cells_choice(confirm4):
         continue
       record, chosen = json.loads(path.read_text()), grid["tuned"][variant]
       assert record["lr"] == chosen["lr"]
-      assert record["setting"]["model.norm_out_scale"] == float(chosen["value"])
+      own = nested(record["setting"])  # records of older code name the options flat
+      assert own[f"model.{own['model.variant']}.norm_out_scale"] == float(chosen["value"])
 
 
 def test_the_pair_counts_every_seed_once_all_are_recorded(confirm4):

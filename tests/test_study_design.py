@@ -15,6 +15,7 @@ from scipy import stats as scipy_stats
 
 from diff_transformer import cli
 from diff_transformer.errors import UserError, message_lines
+from diff_transformer.model.attention import nested
 from diff_transformer.study import grid as lr_grid
 from diff_transformer.study import formatting, markdown, preamble, records, run_metrics, study_json
 from diff_transformer.study.formatting import num
@@ -443,7 +444,7 @@ def test_the_table6_study_names_its_cells_pairs_and_lrs():
   for point in ("transformer-s3", "diff-s7", "transformer-lr0.004-s1000"):
     assert setting(table6.get_config(point)) == setting(lm.get_config(point)), point
   m = table6.get_config("transformer@2x64norm-s0").model
-  assert (m.num_heads, m.head_dim, m.head_norm, m.variant) == (2, 64, True, "transformer")
+  assert (m.num_heads, m.head_dim, m.transformer.head_norm, m.variant) == (2, 64, True, "transformer")
 
 
 def test_a_size_contrast_compares_the_gap_at_one_size_with_the_gap_at_another():
@@ -481,7 +482,7 @@ def test_the_width_study_is_parameter_matched_at_every_width_with_v1s_heads_by_s
     v1 = configs["transformer@v1heads"].model
     assert (v1.num_heads, v1.head_dim) == (configs["diff"].model.num_heads, 64)
     assert configs["transformer"].model.d_model == int(size)
-    assert configs["diff@scale0.2"].model.norm_out_scale == "0.2"
+    assert configs["diff@scale0.2"].model.diff.norm_out_scale == "0.2"
 
 
 def test_the_pre_named_two_by_two_gives_main_effects_and_interaction_seed_by_seed():
@@ -522,7 +523,8 @@ def test_the_committed_tuned_study_records_every_compared_run_at_its_choice():
   for (variant, _), record in compared.items():  # at its candidate's value and grid lr
     tuned = grid["tuned"].get(variant)  # a tuned cell: the grid's choice; else its parent
     candidate = tuned["candidate"] if tuned else data["study"]["cells"][variant]["parent"]
-    assert (record["setting"]["model.norm_out_scale"], record["lr"]) == (
+    own = nested(record["setting"])  # committed records name the options flat
+    assert (own[f"model.{own['model.variant']}.norm_out_scale"], record["lr"]) == (
         value_of[candidate], grid["chosen"][candidate]), variant
   for a, b in study.comparisons:
     loss = data["paired"][f"{a} vs {b}"]["loss"]

@@ -55,8 +55,8 @@ def test_the_best_scale_is_chosen_and_a_winning_end_grows(tuned):
   assert grid["tuned"]["transformer@tuned"]["grown"] == []
   assert decided.lr_source("diff@tuned") == "diff@scale0.1"
   config = decided.resolved_config("diff@tuned-s0", 4e-3)
-  assert config.model.norm_out_scale == "0.1" and config.model.variant == "diff"
-  assert pins.tuned_args(decided, "diff@tuned-s0") == ("--config.model.norm_out_scale=0.1",)
+  assert config.model.diff.norm_out_scale == "0.1" and config.model.variant == "diff"
+  assert pins.tuned_args(decided, "diff@tuned-s0") == ("--config.model.diff.norm_out_scale=0.1",)
 
 
 def test_an_around_cell_searches_its_references_choice(tuned):

@@ -14,7 +14,7 @@ def test_builtin_sweeps_validate():
   assert len(cpu.SWEEP.validate().points()) == 28
   assert len(table10.SWEEP.validate().points()) == 36
   c = cpu.get_config("shared_diff-m-400")
-  assert c.train.steps == 400 and c.model.d_model == 192 and c.model.rank == 16
+  assert c.train.steps == 400 and c.model.d_model == 192 and c.model.shared_diff.rank == 16
 
 
 @pytest.mark.parametrize("sweep,words", [

@@ -14,12 +14,13 @@ STEPS = 25
 
 def short_config(variant: str):
   from diff_transformer.config import base_config, validate
+  from diff_transformer.model.attention import set_model
   c = base_config()  # data: the default corpus and tokenizer
   m = c.model
   m.variant, m.d_model, m.num_layers, m.ffn_dim, m.max_seq_len, m.head_dim = (
       variant, 64, 2, 192, 64, 16)
   m.num_heads, m.num_kv_heads = entry(variant).learning_heads
-  m.update(dict(entry(variant).learning_options))  # its own options (others: at their defaults)
+  set_model(m, **dict(entry(variant).learning_options))  # its own options (its section)
   c.data.seq_len = 64
   c.train.update(dict(steps=STEPS, global_batch_size=8, lr=3e-3, final_lr=1e-3, warmup_steps=5,
                       log_every=1, eval_every=STEPS, eval_batches=2, checkpoint_every=1000))

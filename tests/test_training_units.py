@@ -7,7 +7,7 @@ import pytest
 
 from diff_transformer.config import base_config
 from diff_transformer.model.attention import VARIANTS
-from diff_transformer.params import heads_for
+from diff_transformer.params import heads_for, set_rank
 from tests.helpers.toy_variant import TOY_PATH
 from tests.helpers.variant_table import entry
 
@@ -51,7 +51,7 @@ def test_decay_mask_comes_from_variable_types(variant, request):
   c = sharding_config("transformer")
   c.model.variant = variant
   c.model.num_heads = heads_for(variant, c.model.d_model, c.model.head_dim)
-  c.model.rank = 4 if variant == "shared_diff" else 0
+  set_rank(c.model, 4)
   abstract = nnx.eval_shape(lambda: build_model(spec_from_config(c.model), nnx.Rngs(0)))
   params = nnx.state(abstract, nnx.Param)
   t = c.train

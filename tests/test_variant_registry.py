@@ -45,7 +45,7 @@ def test_a_registered_variant_runs_everywhere(toy_variant, tmp_path):
   t = config.train
   t.steps, t.global_batch_size, t.checkpoint_every, t.eval_every = 4, 8, 2, 4
   t.log_every, t.eval_batches = 1, 1
-  config.model.fixed_lambda = 0.5  # its own knob (its Options): a model key once registered
+  config.model.fixed_lambda.fixed_lambda = 0.5  # its own knob: its section, once registered
   spec = spec_from_config(validate(config).model)
   assert spec.options.fixed_lambda == 0.5
   assert spec.num_heads == spec.d_model // spec.head_dim  # the base class's head rule
@@ -101,17 +101,19 @@ def test_an_unregistered_variant_is_one_config_error(toy_variant):
 
 
 def test_a_variants_own_option_is_a_model_key_while_it_is_registered(toy_variant):
-  """Its Options are the variant's own model.* keys: in the model section with their default,
-  checked in one line, and gone when the variant is."""
+  """Its Options are the variant's own keys, its section model.<variant>.*: in the model section
+  with their default, checked in one line, and gone when the variant is."""
   from diff_transformer.config import base_config
   config = synthetic.get_config(f"{toy_variant}-mqar_plain")
-  assert config.model.fixed_lambda == FIXED_LAMBDA
-  config.model.fixed_lambda = 1.5
-  with pytest.raises(ConfigError, match=r"^model.fixed_lambda: must be in \[0, 1\), got 1.5$"):
+  assert config.model.fixed_lambda.fixed_lambda == FIXED_LAMBDA
+  config.model.fixed_lambda.fixed_lambda = 1.5
+  with pytest.raises(ConfigError,
+                     match=r"^model.fixed_lambda.fixed_lambda: must be in \[0, 1\), got 1.5$"):
     validate(config)
   diff = synthetic.get_config("diff-mqar_plain")
-  diff.model.fixed_lambda = 0.5
-  with pytest.raises(ConfigError, match="^model.fixed_lambda: an option of fixed_lambda, not of diff"):
+  diff.model.fixed_lambda.fixed_lambda = 0.5
+  with pytest.raises(ConfigError, match="^model.fixed_lambda.fixed_lambda: an option of "
+                                        "fixed_lambda, not of diff"):
     validate(diff)
   unregister_variant(toy_variant)
   assert "fixed_lambda" not in base_config().model
@@ -167,25 +169,24 @@ def test_the_lm_eval_adapter_restores_a_module_class_run(tmp_path):
   assert type(lm.fns.model.blocks.attn).__name__ == "FixedLambdaAttention"
 
 
-def test_a_variant_whose_keys_clash_is_refused_when_registered():
-  """Its own keys share the `model` section: a key every variant has, or another variant's key
-  at another default, is refused at registration (or where a run names it as module:Class)."""
+def test_a_variants_keys_never_clash_with_anothers():
+  """Each variant's own keys sit in its own section: a variant may name its options as another
+  variant does, with other defaults, and each run reads its own; only a name that is a key every
+  variant has is refused as a variant's name."""
   import dataclasses
   from tests.helpers.toy_variant import FixedLambdaOptions
-
-  def variant(**fields):
-    options = dataclasses.make_dataclass("ClashOptions", [(k, type(v), v) for k, v in
-                                                          fields.items()],
-                                         bases=(FixedLambdaOptions,), frozen=True)
-    return type("ClashAttention", (FixedLambdaAttention,), {"Options": options})
-
-  with pytest.raises(ValueError, match="option d_model is a key every variant has"):
-    register_variant("clash", variant(d_model=3))
-  with pytest.raises(ValueError, match=r"option subln defaults to False, diff's to True"):
-    register_variant("clash", variant(subln=False))
-  assert "clash" not in VARIANTS
-  register_variant("agrees", variant(subln=True))  # another variant's key at its default
-  unregister_variant("agrees")
+  options = dataclasses.make_dataclass("OwnOptions", [("subln", bool, False)],
+                                       bases=(FixedLambdaOptions,), frozen=True)
+  own = type("OwnAttention", (FixedLambdaAttention,), {"Options": options})
+  with pytest.raises(ValueError, match="model.d_model is a key every variant has"):
+    register_variant("d_model", own)
+  register_variant("own", own)
+  try:
+    config = synthetic.get_config("own-mqar_plain")
+    assert config.model.own.subln is False and config.model.diff.subln is True
+    assert spec_from_config(validate(config).model).options.subln is False
+  finally:
+    unregister_variant("own")
 
 
 def test_a_misspelled_knob_is_a_type_error(tmp_path):

@@ -33,7 +33,7 @@ def preset_table() -> str:
     spec = spec_from_config(m)
     c = params.count(spec)
     rows.append(f"| `{name}` | {m.d_model} | {m.num_layers} | {m.num_heads} | {spec.kv_heads} | "
-                f"{m.head_dim} | {m.ffn_dim} | {m.rank or '-'} | {c['params'] / 1e9:.3f}B | "
+                f"{m.head_dim} | {m.ffn_dim} | {getattr(spec.options, 'rank', 0) or '-'} | {c['params'] / 1e9:.3f}B | "
                 f"{c['non_embedding_params'] / 1e9:.3f}B | {c['paper_params'] / 1e9:.3f}B |")
   return "\n".join(rows)
 

@@ -8,8 +8,7 @@ for the middle size (the L(D) fit). Tiny models need not show the papers' effect
 """
 from configs import default
 from diff_transformer.config import ffn_width
-from diff_transformer.model.attention import variant_class
-from diff_transformer.params import heads_for
+from diff_transformer.params import heads_for, set_rank
 from diff_transformer.sweeps.definition import Sweep
 
 SIZES = {"xs": (64, 2), "s": (128, 2), "m": (192, 3), "l": (256, 4)}  # D, layers
@@ -22,7 +21,7 @@ def size(d_model: int, layers: int):
     m.variant, m.d_model, m.num_layers, m.head_dim = variant, d_model, layers, 32
     m.num_heads = heads_for(variant, d_model, 32)
     m.ffn_dim = ffn_width(d_model, 64, up=True)
-    m.rank = 16 if variant_class(variant).low_rank else 0
+    set_rank(m, 16)
     m.max_seq_len = c.data.seq_len = 128
     c.train.global_batch_size = 16
     c.train.eval_every = c.train.checkpoint_every = 100

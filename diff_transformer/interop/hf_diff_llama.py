@@ -22,14 +22,14 @@ from diff_transformer.interop import InteropError
 from diff_transformer.interop.hf_common import (SIDECAR, Get, Layer, Params, Put, Target,
                                                 inverse, lambda_init, reexports_exactly,
                                                 reorder_heads, rope_rows)
-from diff_transformer.model.attention import variant_class
 from diff_transformer.model.spec import ModelSpec
 
 LAMBDAS = ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")
 
 
 def _shared(spec: ModelSpec) -> bool:
-  return bool(variant_class(spec.variant).low_rank)
+  """A low-rank variant (its options have the rank of its updates)."""
+  return getattr(spec.options, "rank", 0) > 0
 
 
 def split_half_order(sub_heads: int) -> np.ndarray:
@@ -75,15 +75,15 @@ class DiffLlama(Target):
 
   def check(self, spec: ModelSpec) -> None:
     if not spec.options.subln:
-      raise InteropError("model.subln: False (no sub-layer norm) has no equivalent in "
-                         "DiffLlamaForCausalLM, which always normalises each head")
+      raise InteropError(f"model.{spec.variant}.subln: False (no sub-layer norm) has no "
+                         "equivalent in DiffLlamaForCausalLM, which always normalises each head")
     if spec.options.norm_out_scale == "layer_rule":
-      raise InteropError("model.norm_out_scale: layer_rule has no equivalent in "
-                         "DiffLlamaForCausalLM (export with rule: the same multiplier where "
+      raise InteropError(f"model.{spec.variant}.norm_out_scale: layer_rule has no equivalent "
+                         "in DiffLlamaForCausalLM (export with rule: the same multiplier where "
                          "lambda_init follows the layer rule)")
     if spec.options.lambda_init is not None:
-      raise InteropError(f"model.lambda_init: the constant {spec.options.lambda_init} has no equivalent "
-                         "in DiffLlamaForCausalLM (0.8 - 0.6 exp(-0.3 l) only)")
+      raise InteropError(f"model.{spec.variant}.lambda_init: the constant "
+                         f"{spec.options.lambda_init} has no equivalent in DiffLlamaForCausalLM (0.8 - 0.6 exp(-0.3 l) only)")
 
   def constants(self, spec: ModelSpec) -> Params:
     return {"blocks.attn.lambda_init": np.asarray(
@@ -92,8 +92,8 @@ class DiffLlama(Target):
   def sidecar(self, spec: ModelSpec, params: Params, constants: Params) -> Params:
     lam0 = np.asarray(constants["blocks.attn.lambda_init"], np.float64)
     if np.abs(lam0 - self.constants(spec)["blocks.attn.lambda_init"]).max() > 1e-6:
-      raise InteropError("model.lambda_init: the run's per-layer lambda_init differs from "
-                         "DiffLlama's 0.8 - 0.6 exp(-0.3 l)")
+      raise InteropError(f"model.{spec.variant}.lambda_init: the run's per-layer lambda_init "
+                         "differs from DiffLlama's 0.8 - 0.6 exp(-0.3 l)")
     # What the HF tensors cannot give back bit for bit: the unfolded o_proj and norm gain, and
     # Shared DIFF's base projections and factors.
     keep = (("blocks.attn.w", "blocks.attn.u_", "blocks.attn.v_", "blocks.attn.subln_scale")

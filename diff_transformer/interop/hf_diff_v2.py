@@ -22,11 +22,11 @@ class DiffV2(Target):
 
   def check(self, spec: ModelSpec) -> None:
     if spec.options.v2_pairing != "interleaved":
-      raise InteropError(f"model.v2_pairing: '{spec.options.v2_pairing}' is not exported (the bundled "
-                         "DIFF V2 model pairs query heads 2j, 2j+1)")
+      raise InteropError(f"model.{spec.variant}.v2_pairing: '{spec.options.v2_pairing}' is not "
+                         "exported (the bundled DIFF V2 model pairs query heads 2j, 2j+1)")
     if spec.options.v2_lambda != "sigmoid":
-      raise InteropError(f"model.v2_lambda: '{spec.options.v2_lambda}' is not exported (the bundled "
-                         "DIFF V2 model applies sigmoid(x W_lambda))")
+      raise InteropError(f"model.{spec.variant}.v2_lambda: '{spec.options.v2_lambda}' is not "
+                         "exported (the bundled DIFF V2 model applies sigmoid(x W_lambda))")
 
   def config(self, spec: ModelSpec, cfg: dict) -> dict:
     return dict(cfg, num_attention_heads=2 * spec.num_heads)  # query heads; h of them output

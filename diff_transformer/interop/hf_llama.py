@@ -11,8 +11,8 @@ class Llama(Target):
 
   def check(self, spec: ModelSpec) -> None:
     if spec.options.head_norm:
-      raise InteropError("model.head_norm: a per-head output norm has no equivalent in "
-                         "LlamaForCausalLM")
+      raise InteropError(f"model.{spec.variant}.head_norm: a per-head output norm has no "
+                         "equivalent in LlamaForCausalLM")
 
   def config(self, spec: ModelSpec, cfg: dict) -> dict:
     return dict(cfg, mlp_bias=False)

@@ -28,7 +28,7 @@ from diff_transformer.data import assert_compatible, describe
 from diff_transformer.data.tokenizer import load_tokenizer
 from diff_transformer.errors import ConfigError, DataError, TrainError, last_line
 from diff_transformer.files import read_json
-from diff_transformer.model.attention import VARIANTS, known_variant
+from diff_transformer.model.attention import VARIANTS, known_variant, nested
 from diff_transformer.tree import flatten
 
 
@@ -56,8 +56,9 @@ IGNORED = ("source", "train.log_every", "train.checkpoint_every", "train.max_to_
 
 
 def setting(config: ml_collections.ConfigDict) -> dict:
-  """The config's flat fields that change training (JSON values, as config.json holds them)."""
-  flat = flatten(json.loads(config.to_json_best_effort()))
+  """The config's flat fields that change training (JSON values, as config.json holds them;
+  of the variants' own sections, its variant's alone)."""
+  flat = nested(flatten(json.loads(config.to_json_best_effort())))
   if flat.get("model.vocab_multiple"):  # train.py fills vocab_size in from the tokenizer
     flat.pop("model.vocab_size", None)
   return {k: v for k, v in flat.items() if k not in IGNORED}
@@ -78,9 +79,10 @@ def _defaults(registered: tuple) -> dict:
 def departures(flat: dict) -> dict:
   """The keys of a setting whose values differ from today's defaults. Settings are compared this
   way, so an option added later with its default is invisible to records made before it existed,
-  while a changed default, or a record naming a changed key, still shows as a difference."""
+  while a changed default, or a record naming a changed key, still shows as a difference. Keys
+  are read in today's names (model/attention `nested`: a record's flat variant options)."""
   base = defaults()
-  return {k: v for k, v in flat.items() if k not in base or base[k] != v}
+  return {k: v for k, v in nested(flat).items() if k not in base or base[k] != v}
 
 
 def differences(expected: dict, recorded: dict) -> list[tuple[str, object, object]]:
@@ -149,7 +151,7 @@ def read_config(workdir: Path) -> ml_collections.ConfigDict | None:
     known_variant(variant)  # a module:Class is imported, so its own options are model keys
   config = base_config()
   try:
-    config.update_from_flattened_dict(flatten(values))
+    config.update_from_flattened_dict(nested(flatten(values)))
   except (KeyError, AttributeError, TypeError, ValueError) as e:
     raise TrainError(f"{path}: damaged or from another version ({last_line(e)})") from None
   try:

@@ -9,6 +9,7 @@ from typing import NamedTuple
 import ml_collections
 
 from diff_transformer.errors import ConfigError
+from diff_transformer.model.attention import nested_key
 
 
 class BySize(NamedTuple):
@@ -45,7 +46,12 @@ def parse_set(text: str) -> tuple[str, object]:
 
 
 def set_key(config: ml_collections.ConfigDict, key: str, value) -> None:
-  *path, last = key.split(".")
+  """Sets a dotted key; model.<option> names the option of the config's variant
+  (model.<variant>.<option>), so one key serves cells of several variants."""
+  own = nested_key(key, config.model.variant)
+  if own is None:
+    raise ConfigError(f"study override '{key}': not an option of {config.model.variant}")
+  *path, last = own.split(".")
   node = config
   for part in path:
     if part not in node or not isinstance(node[part], ml_collections.ConfigDict):

@@ -3,6 +3,7 @@ grid steps and seeds, overrides), so a child that loads the study file afresh tr
 point."""
 from __future__ import annotations
 
+from diff_transformer.model.attention import nested_key
 from diff_transformer.study.definition import Study
 
 
@@ -22,11 +23,18 @@ def grid_args(study: Study, point: str) -> tuple[str, ...]:
           f"--config.data.seed={c.data.seed}")
 
 
-def override_args(study: Study) -> tuple[str, ...]:
+def _flags(study: Study, point: str, overrides) -> tuple[str, ...]:
+  """`--config.<key>=<value>` flags, a variant's option (model.<option>) named in the point's
+  variant's section as train.py's config has it."""
+  config = study.get_config(point)
+  return tuple(f"--config.{nested_key(k, config.model.variant) or k}={v}" for k, v in overrides)
+
+
+def override_args(study: Study, point: str) -> tuple[str, ...]:
   """The overrides as train.py flags (the runs' own command lines carry them)."""
   stop = ((("train.stop_at_val_accuracy", study.level),) if study.stop_at_level and study.level
           else ())
-  return tuple(f"--config.{k}={v}" for k, v in study.overrides + stop)
+  return _flags(study, point, study.overrides + stop)
 
 
 def tuned_args(study: Study, point: str) -> tuple[str, ...]:
@@ -37,4 +45,4 @@ def tuned_args(study: Study, point: str) -> tuple[str, ...]:
     return ()
   cell = study.derived_cell(variant)
   chosen = study.derived_cell(cell.parent) if cell is not None else None
-  return tuple(f"--config.{k}={v}" for k, v in chosen.overrides) if chosen is not None else ()
+  return _flags(study, point, chosen.overrides) if chosen is not None else ()

@@ -166,8 +166,8 @@ def _run_points(study: Study, kind: PointKind, study_file: str, root: Path, resu
   def on_done(point: str, workdir: str) -> None:
     kind.record(study, point, Path(workdir), results, configs[point], settings[point])
   ran = launch.run(study, study_file, str(root), points=todo,
-                   extra_args=pins.override_args(study),
-                   point_args={p: kind.args(study, p, lrs.get(p)) for p in todo},
+                   point_args={p: pins.override_args(study, p) + kind.args(study, p, lrs.get(p))
+                               for p in todo},
                    keep_going=True, jobs=jobs, on_done=on_done, settings=settings, retrain=retrain,
                    groups=populations(study, todo, population, kind))
   for p, why in ran.items():  # a point finished before this call was recorded by launch.run

@@ -15,7 +15,8 @@ import ml_collections
 from diff_transformer import data
 from diff_transformer.errors import TrainError
 from diff_transformer.mesh import check_parallelism, make_mesh
-from diff_transformer.model.attention import recorded_variant, spec_from_config, variant_class
+from diff_transformer.model.attention import (recorded_variant, section, spec_from_config,
+                                              variant_class)
 from diff_transformer.runs import record as run_record
 from diff_transformer.runs.checkpoint import Checkpointer
 from diff_transformer.runs.folder import RunFolder
@@ -65,7 +66,12 @@ def _record_variant(config: ml_collections.ConfigDict) -> None:
   """A variant registered from user code is run (and recorded) as module:Class, so eval.py,
   export.py and lm-eval can import it to restore the run."""
   name = config.model.variant
-  config.model.variant = recorded_variant(name)
+  recorded = recorded_variant(name)
+  if recorded != name:  # its own options move to the recorded name's section
+    variant_class(recorded)  # registered under that name too: its section is a model key
+    config.model[section(recorded)] = config.model[section(name)]
+    del config.model[section(name)]
+  config.model.variant = recorded
   if variant_class(name).__module__ == "__main__":
     print(f"warning: model.variant '{name}' is defined in __main__; programs that restore this "
           "run cannot import it (define it in a module)", flush=True)

@@ -25,7 +25,8 @@ def run_config(variant: str, *, gqa: bool = True, tie: bool = False, **model):
                 num_heads=shape.num_heads, num_kv_heads=shape.kv_heads if gqa else shape.num_heads,
                 head_dim=8, ffn_dim=64, max_seq_len=64, tie_embeddings=tie,
                 **dataclasses.asdict(shape.options))
-  config.model.update({**fields, **model})
+  from diff_transformer.model.attention import set_model
+  set_model(config.model, **{**fields, **model})
   config.data.update(dict(name="prepared", tokenizer="byte", seq_len=32))
   config.train.update(dict(steps=10, global_batch_size=2))
   return validate(config)

@@ -10,6 +10,7 @@ import numpy as np
 from configs import default
 from diff_transformer.config import validate
 from diff_transformer.mesh import make_mesh
+from diff_transformer.model.attention import set_model
 from diff_transformer.training.step import Trainer
 from tests.helpers.variant_table import entry, tiny
 
@@ -22,7 +23,7 @@ def sharding_config(variant: str, mesh=(1, 1, 1), micro: int = 1):
   spec = entry(variant).tiny
   m.num_heads, m.num_kv_heads = spec.num_heads, max(2, spec.kv_heads)  # kv heads split by tensor=2
   m.head_dim = 8
-  m.update(dataclasses.asdict(spec.options))  # the variant's own keys (Shared DIFF's rank)
+  set_model(m, **dataclasses.asdict(spec.options))  # its own keys (Shared DIFF's rank)
   c.data.seq_len = 16
   c.train.global_batch_size = 16
   c.train.micro_batches = micro
@@ -40,8 +41,7 @@ def kernel_config(variant: str, kernel: str, **model):
   c.model.variant, c.model.kernel = variant, kernel
   spec = tiny(variant)  # GQA
   c.model.num_heads, c.model.num_kv_heads = spec.num_heads, spec.num_kv_heads
-  c.model.update(dataclasses.asdict(spec.options))
-  c.model.update(model)
+  set_model(c.model, **dataclasses.asdict(spec.options), **model)
   c.data.seq_len = 40
   c.train.global_batch_size = 4
   return validate(c)

@@ -20,9 +20,9 @@ class FixedLambdaOptions(VariantOptions):
   """The variant's own knob: model.fixed_lambda, once registered."""
   fixed_lambda: float = FIXED_LAMBDA
 
-  def check(self) -> None:
+  def check(self, at: str) -> None:
     if not 0.0 <= self.fixed_lambda < 1.0:
-      raise ConfigError(f"model.fixed_lambda: must be in [0, 1), got {self.fixed_lambda}")
+      raise ConfigError(f"{at}.fixed_lambda: must be in [0, 1), got {self.fixed_lambda}")
 
 
 class FixedLambdaAttention(Attention[FixedLambdaOptions]):

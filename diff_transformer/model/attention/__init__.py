@@ -4,6 +4,7 @@ lives on the class, its own model.* keys on its `Options`. docs/adding_a_variant
 steps. The model spec is read from the config here, since its options depend on the variant."""
 import dataclasses
 import importlib
+import re
 import typing
 
 import jax
@@ -23,7 +24,8 @@ from diff_transformer.model.spec import ModelSpec
 __all__ = ["Attention", "LayerConstant", "Projected", "PAPER_VARIANTS", "VARIANTS", "DiffAttention",
            "DiffV2Attention", "SharedDiffAttention", "TransformerAttention", "known_variant",
            "recorded_variant", "register_variant", "unregister_variant", "variant_class",
-           "variant_names", "make_spec", "model_section", "spec_from_config"]
+           "variant_names", "make_spec", "model_section", "nested", "nested_key", "other_sections_changed", "section", "set_model",
+           "spec_from_config"]
 
 VARIANTS: dict[str, type[Attention]] = {
     "transformer": TransformerAttention,
@@ -44,28 +46,10 @@ def register_variant(name: str, cls: type[Attention]) -> None:
     raise ValueError(f"variant '{name}': names may not contain '-'")
   if name in VARIANTS and VARIANTS[name] is not cls:
     raise ValueError(f"variant '{name}' is already registered as {VARIANTS[name].__name__}")
-  _check_options(name, cls)
+  if name in {f.name for f in ModelSpec.common_fields()}:
+    raise ValueError(f"variant '{name}': model.{name} is a key every variant has; name it "
+                     "otherwise")
   VARIANTS[name] = cls
-
-
-def _check_options(name: str, cls: type[Attention]) -> None:
-  """A variant's own keys share the config's `model` section with every other's: one that is a
-  key every variant has, or another variant's key with another default, is refused here, when
-  registering, not later in some config."""
-  common = {f.name for f in ModelSpec.common_fields()}
-  owned: dict[str, tuple] = {}  # key -> (default, its first owner)
-  for other, known in VARIANTS.items():
-    if known is not cls:
-      for f in dataclasses.fields(known.Options):
-        owned.setdefault(f.name, (f.default, other))
-  for f in dataclasses.fields(cls.Options):
-    if f.name in common:
-      raise ValueError(f"variant '{name}': option {f.name} is a key every variant has "
-                       f"(model.{f.name}); name it otherwise")
-    if f.name in owned and owned[f.name][0] != f.default:
-      default, other = owned[f.name]
-      raise ValueError(f"variant '{name}': option {f.name} defaults to {f.default!r}, "
-                       f"{other}'s to {default!r}")
 
 
 def unregister_variant(name: str) -> None:
@@ -116,22 +100,16 @@ def recorded_variant(name: str) -> str:
   return f"{cls.__module__}:{cls.__qualname__}"
 
 
-def _option_fields() -> dict[str, tuple[dataclasses.Field, list[str]]]:
-  """Every registered variant's own keys: name -> (field, the variants that own it)."""
-  out: dict[str, tuple[dataclasses.Field, list[str]]] = {}
-  for name, cls in VARIANTS.items():  # registering checked that shared keys share defaults
-    for f in dataclasses.fields(cls.Options):
-      out.setdefault(f.name, (f, []))[1].append(name)
-  return out
+def section(variant: str) -> str:
+  """The config section of a variant's own keys: model.<variant>, a `module:Class` name with
+  every character that a key cannot hold as '_'."""
+  return re.sub(r"\W", "_", variant)
 
 
-def model_section() -> ml_collections.ConfigDict:
-  """The config's `model` section: the keys every variant has, then each registered variant's
-  own, each with its default (optional ones typed, so a later value is accepted)."""
-  c = ml_collections.ConfigDict()
-  fields: list[tuple[dataclasses.Field, type]] = [(f, ModelSpec) for f in ModelSpec.common_fields()]
-  fields += [(f, VARIANTS[owners[0]].Options) for f, owners in _option_fields().values()]
-  for f, owner in fields:
+def _with_defaults(c: ml_collections.ConfigDict, fields, owner: type) -> ml_collections.ConfigDict:
+  """`fields` of `owner` into `c` with their defaults (optional ones typed, so a later value is
+  accepted)."""
+  for f in fields:
     if f.default is None:  # ml_collections needs the type to accept a later value
       hint = typing.get_type_hints(owner)[f.name]
       kind = next(a for a in typing.get_args(hint) if a is not type(None))
@@ -141,35 +119,106 @@ def model_section() -> ml_collections.ConfigDict:
   return c
 
 
+def model_section() -> ml_collections.ConfigDict:
+  """The config's `model` section: the keys every variant has, then a section per registered
+  variant holding its own (model.diff.lambda_init, model.transformer.head_norm, ...); a run
+  reads its variant's section alone."""
+  c = _with_defaults(ml_collections.ConfigDict(), ModelSpec.common_fields(), ModelSpec)
+  for name, cls in VARIANTS.items():
+    c[section(name)] = _with_defaults(ml_collections.ConfigDict(),
+                                      dataclasses.fields(cls.Options), cls.Options)
+  return c
+
+
 def make_spec(**values) -> ModelSpec:
-  """The spec of flat model.* values: the keys every variant has, and the variant's own
-  (its Options). Another variant's key is accepted only at its default (the config section
-  holds every variant's keys); a key nobody owns is refused. One line each."""
+  """The spec of the keys every variant has and the variant's own (its Options), given flat;
+  another key is refused in one line."""
   variant = values.get("variant", ModelSpec.variant)
   options_type = variant_class(variant).Options
   common = {f.name for f in ModelSpec.common_fields()}
   own = {f.name for f in dataclasses.fields(options_type)}
-  others = _option_fields()
-  top, options = {}, {}
-  for key, value in values.items():
-    if key in common:
-      top[key] = value
-    elif key in own:
-      options[key] = value
-    elif key in others:
-      field, owners = others[key]
-      if value != field.default:
-        raise ConfigError(f"model.{key}: an option of {', '.join(owners)}, not of {variant} "
-                          f"(leave it at {field.default!r})")
-    else:
-      known = sorted(common | set(others))
-      raise ConfigError(f"model.{key}: unknown key; known keys here: {', '.join(known)}")
+  unknown = sorted(values.keys() - common - own)
+  if unknown:
+    raise ConfigError(f"model.{unknown[0]}: not a key of every variant nor an option of "
+                      f"{variant} (its own: {', '.join(sorted(own)) or 'none'})")
+  top = {k: v for k, v in values.items() if k in common}
+  options = {k: v for k, v in values.items() if k in own}
   return ModelSpec(**top, options=options_type(**options))
 
 
+def set_model(model: ml_collections.ConfigDict, **values) -> ml_collections.ConfigDict:
+  """Sets model.* values given flat (as make_spec takes them): the keys every variant has, and
+  the variant's own options into its section (`variant`, if given, first); returns `model`."""
+  if "variant" in values:
+    model.variant = values["variant"]
+  for key, value in values.items():
+    name = nested_key(f"model.{key}", model.variant)
+    if name is None:
+      raise ConfigError(f"model.{key}: not an option of {model.variant}")
+    *path, last = name.split(".")[1:]
+    (model[path[0]] if path else model)[last] = value
+  return model
+
+
 def spec_from_config(model: ml_collections.ConfigDict) -> ModelSpec:
-  """The spec of the config's `model` section (make_spec's rules)."""
-  return make_spec(**model.to_dict())
+  """The spec of the config's `model` section: the keys every variant has and its variant's own
+  section (the other variants' sections are not read; config.validate refuses them changed)."""
+  values = model.to_dict()
+  variant = values.get("variant", ModelSpec.variant)
+  options = values.pop(section(variant), {})
+  for name in VARIANTS:
+    if isinstance(values.get(section(name)), dict):
+      values.pop(section(name))
+  flat = sorted(values.keys() & options.keys())
+  if flat:
+    raise ConfigError(f"model.{flat[0]}: an option of {variant}: set model.{section(variant)}."
+                      f"{flat[0]}")
+  return make_spec(**values, **options)
+
+
+def other_sections_changed(model: ml_collections.ConfigDict) -> str | None:
+  """The first key of another variant's section set away from its default (a run reads its own
+  variant's section alone, so such a value would be ignored), or None."""
+  for name, cls in VARIANTS.items():
+    key = section(name)
+    if name == model.variant or key not in model:
+      continue
+    for f in dataclasses.fields(cls.Options):
+      if f.name in model[key] and model[key][f.name] != f.default:
+        return f"model.{key}.{f.name}"
+  return None
+
+
+# Records and configs written before each variant's keys had a section of their own named them
+# flat (model.norm_out_scale); study definitions still may (one key for cells of several
+# variants). The one table from those names to today's.
+def nested_key(key: str, variant: str) -> str | None:
+  """Today's name of `key` for a run of `variant`: model.<option> of the variant's own ->
+  model.<variant>.<option>; another variant's option -> None (it never applied); else `key`."""
+  head, _, option = key.partition(".")
+  if head != "model" or "." in option:
+    return key
+  own = {f.name for f in dataclasses.fields(variant_class(variant).Options)}
+  if option in own:
+    return f"model.{section(variant)}.{option}"
+  if any(option in {f.name for f in dataclasses.fields(cls.Options)} for cls in VARIANTS.values()):
+    return None
+  return key
+
+
+def nested(flat: dict) -> dict:
+  """A flat setting or config ({"model.norm_out_scale": ..}) in today's names (nested_key),
+  without the keys its variant never reads (other variants' options, flat or in their sections)."""
+  variant = flat.get("model.variant", ModelSpec.variant)
+  if not isinstance(variant, str) or not known_variant(variant):
+    return dict(flat)
+  others = {f"model.{section(name)}." for name in VARIANTS if name != variant}
+  out = {}
+  for key, value in flat.items():
+    new = nested_key(key, variant)
+    if new is not None and not any(new.startswith(o) for o in others):
+      out[new] = value
+  return out
 
 
 def kernel_inputs(spec: ModelSpec, seq_len: int, batch: int = 1):

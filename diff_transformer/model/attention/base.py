@@ -47,14 +47,15 @@ class Projected:
 
 @dataclasses.dataclass(frozen=True)
 class VariantOptions:
-  """A variant's own model.* keys (none here); a subclass adds fields with their defaults."""
+  """A variant's own keys, its config section model.<variant>.* (none here); a subclass adds
+  fields with their defaults."""
 
   @property
   def fixed_norm_out_scale(self) -> float | None:
     """A variant without model.norm_out_scale has no fixed multiplier (NormOutOptions has)."""
     return None
 
-  def check(self) -> None:
+  def check(self, at: str) -> None:
     """Raises ConfigError (one line naming the field) for a value this variant cannot take."""
 
 
@@ -76,13 +77,13 @@ class NormOutOptions(VariantOptions):
     except ValueError:
       return None
 
-  def check(self) -> None:
+  def check(self, at: str) -> None:
     if self.norm_out_scale == "rule":
       return
     fixed = self.fixed_norm_out_scale
     if self.norm_out_scale not in self.NORM_OUT_RULES and not (
         fixed is not None and 0 < fixed < float("inf")):
-      raise ConfigError(f"model.norm_out_scale: '{self.norm_out_scale}' is not a positive number "
+      raise ConfigError(f"{at}.norm_out_scale: '{self.norm_out_scale}' is not a positive number "
                         f"or one of {', '.join(self.NORM_OUT_RULES)} here")
 
 
@@ -99,8 +100,6 @@ O = TypeVar("O", bound=VariantOptions)  # the variant's Options: Attention[DiffO
 class Attention(nnx.Module, Generic[O]):
   # How the analysis suites name the map the variant attends with.
   map_name = "A"
-  # Whether model.rank (a low-rank update width) applies; presets set it only then.
-  low_rank = False
   # The Hugging Face target it exports to and imports from (interop/weights.py TARGETS); None:
   # none (export and import refuse it in one line).
   hf_target: str | None = None

@@ -34,10 +34,10 @@ class DiffOptions(NormOutOptions):
   lambda_std: float = 0.1
   NORM_OUT_RULES = ("rule", "layer_rule")
 
-  def check(self) -> None:
-    super().check()
+  def check(self, at: str) -> None:
+    super().check(at)
     if self.lambda_init is not None and not 0.0 <= self.lambda_init < 1.0:
-      raise ConfigError(f"model.lambda_init: must be in [0, 1) or None (layer-dependent), got "
+      raise ConfigError(f"{at}.lambda_init: must be in [0, 1) or None (layer-dependent), got "
                         f"{self.lambda_init}")
 
 

@@ -24,12 +24,12 @@ class DiffV2Options(NormOutOptions):
   v2_pairing: str = "interleaved"  # interleaved (even/odd, shares K/V) or halves (crosses groups)
   v2_lambda: str = "sigmoid"  # sigmoid, none (o1 - o2), linear (lambda without sigmoid)
 
-  def check(self) -> None:
-    super().check()  # model.norm_out_scale: no norm here, so "rule" is 1
+  def check(self, at: str) -> None:
+    super().check(at)  # model.norm_out_scale: no norm here, so "rule" is 1
     if self.v2_pairing not in ("interleaved", "halves"):
-      raise ConfigError(f"model.v2_pairing: '{self.v2_pairing}' is not one of interleaved, halves")
+      raise ConfigError(f"{at}.v2_pairing: '{self.v2_pairing}' is not one of interleaved, halves")
     if self.v2_lambda not in ("sigmoid", "none", "linear"):
-      raise ConfigError(f"model.v2_lambda: '{self.v2_lambda}' is not one of sigmoid, none, linear")
+      raise ConfigError(f"{at}.v2_lambda: '{self.v2_lambda}' is not one of sigmoid, none, linear")
 
 
 class DiffV2Attention(Attention[DiffV2Options]):

@@ -29,15 +29,14 @@ class SharedDiffOptions(DiffOptions):
   # fan-in scaled (logits ~50x larger at init); lora: V^T zero (Q1 = Q2, K1 = K2)
   lowrank_init: str = "matched"
 
-  def check(self) -> None:
-    super().check()
+  def check(self, at: str) -> None:
+    super().check(at)
     if self.lowrank_init not in LOWRANK_INITS:
-      raise ConfigError(f"model.lowrank_init: '{self.lowrank_init}' is not one of "
+      raise ConfigError(f"{at}.lowrank_init: '{self.lowrank_init}' is not one of "
                         f"{', '.join(LOWRANK_INITS)}")
 
 
 class SharedDiffAttention(DiffAttention[SharedDiffOptions]):
-  low_rank = True
   Options = SharedDiffOptions
 
   @classmethod
@@ -50,8 +49,8 @@ class SharedDiffAttention(DiffAttention[SharedDiffOptions]):
                         f"{spec.d_model}")
     widest = min(spec.d_model, spec.kv_heads * spec.head_dim)
     if not 1 <= spec.options.rank <= widest:
-      raise ConfigError(f"model.rank: must be in [1, {widest}] (the smallest projection side), "
-                        f"got {spec.options.rank}")
+      raise ConfigError(f"model.{spec.variant}.rank: must be in [1, {widest}] (the smallest "
+                        f"projection side), got {spec.options.rank}")
 
   def init_qk(self, rngs):
     s, o = self.spec, self.spec.options
