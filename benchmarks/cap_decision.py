@@ -1,7 +1,7 @@
 """What deciding cuDNN's packed cap on the host buys the train step: the 830M preset at full depth,
 T = 2048, 8 packed rows, compiled for one H200 on this CPU host (the gpu-aot extra), as the step
-runs for rows within the cap (no cond: Trainer's `_train_steps[False]`) and as it would decide
-in every layer's call (a lax.cond per call: `_train_steps[None]`). Per variant: the compiled
+runs for rows within the cap (no cond: `Trainer.lower_train_step`) and as it would decide in
+every layer's call (a lax.cond per call: `lower_train_step(decided=False)`). Per variant: the compiled
 peak and the bytes the step's other kernels move (aot/inventory.py).
 
     python benchmarks/cap_decision.py [--json benchmarks/results/cap_decision.json]
@@ -39,9 +39,8 @@ def measure(variant: str, decided: bool) -> dict:
   batch = {k: jax.ShapeDtypeStruct((8, 2048), d, sharding=sharding) for k, d in (
       ("inputs", jnp.int32), ("targets", jnp.int32), ("segment_ids", jnp.int32),
       ("positions", jnp.int32), ("weights", jnp.float32))}
-  with aot.for_target(where), trainer.context():
-    step = trainer._train_steps[False if decided else None]
-    compiled = step.lower(trainer.abstract_state, batch).compile()
+  with aot.for_target(where):
+    compiled = trainer.lower_train_step(batch, decided=decided).compile()
   text = compiled.as_text()
   return dict(variant=variant, decided_on_host=decided, conditionals=text.count(" conditional("),
               peak_gib=round(aot.peak_bytes(compiled.memory_analysis()) / aot.GIB, 3),

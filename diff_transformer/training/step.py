@@ -233,18 +233,20 @@ class Trainer:
       return self._train_steps[over_cap](state, batch)
 
   def lower_train_step(self, batch: Mapping[str, jax.Array | jax.ShapeDtypeStruct],
-                       platforms: tuple[str, ...] | None = None) -> jax.stages.Lowered:
+                       platforms: tuple[str, ...] | None = None, decided: bool = True
+                       ) -> jax.stages.Lowered:
     """The train step lowered for the abstract state and `batch` (arrays or
     ShapeDtypeStructs): compile() it for AOT memory analysis without running anything.
     `platforms`: lower for these instead of this host's (e.g. ("cuda",) on a CPU host: its text
-    only, benchmarks/lower_cudnn.py), with every 'auto' choice made for the first of them."""
-    with self.context():
+    only, benchmarks/lower_cudnn.py), with every 'auto' choice made for the first of them.
+    `decided=False`: each packed cuDNN call deciding the cap itself (benchmarks/cap_decision.py)."""
+    target = platforms and ("gpu" if platforms[0] in ("cuda", "rocm") else platforms[0])
+    with self.context(), (kernels.auto.target_platform(target) if target
+                          else contextlib.nullcontext()):
+      step = self._train_steps[self._within_cap(batch) if decided else None]
       if platforms is None:
-        return self._train_steps[self._within_cap(batch)].lower(self.abstract_state, batch)
-      target = "gpu" if platforms[0] in ("cuda", "rocm") else platforms[0]
-      with kernels.auto.target_platform(target):
-        step = self._train_steps[self._within_cap(batch)]
-        return step.trace(self.abstract_state, batch).lower(lowering_platforms=platforms)
+        return step.lower(self.abstract_state, batch)
+      return step.trace(self.abstract_state, batch).lower(lowering_platforms=platforms)
 
   def _within_cap(self, batch) -> bool | None:
     """The step an abstract batch compiles to: the one for rows within the cap where it applies
