@@ -105,6 +105,5 @@ def matched_variant(config: ml_collections.ConfigDict, variant: str,
   out = copy.deepcopy(base)
   out.model.variant = variant
   out.model.num_heads = heads_for(variant, m.d_model, m.head_dim)
-  if rank:
-    set_rank(out.model, rank)
+  set_rank(out.model, rank)
   return out if variant == "transformer" else match_ffn(out, target)

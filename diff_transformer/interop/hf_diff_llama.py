@@ -83,7 +83,8 @@ class DiffLlama(Target):
                          "lambda_init follows the layer rule)")
     if spec.options.lambda_init is not None:
       raise InteropError(f"model.{spec.variant}.lambda_init: the constant "
-                         f"{spec.options.lambda_init} has no equivalent in DiffLlamaForCausalLM (0.8 - 0.6 exp(-0.3 l) only)")
+                         f"{spec.options.lambda_init} has no equivalent in DiffLlamaForCausalLM "
+                         "(0.8 - 0.6 exp(-0.3 l) only)")
 
   def constants(self, spec: ModelSpec) -> Params:
     return {"blocks.attn.lambda_init": np.asarray(

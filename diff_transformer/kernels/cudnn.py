@@ -15,9 +15,10 @@ The two softmax maps become extra query heads of ONE call:
   cap takes the padded layout instead (`lax.cond`, rematerialised, so it stores nothing when not
   taken). A train step takes no cond: under autodiff it would keep both branches' residuals for
   every layer, zeros for the branch not taken. Its driver reads the rows on the host
-  (`rows_over_cap`) and runs the step traced for the one layout (`decided`). Packed offsets hold for q's head width only, so a packed call has its values at q's
-  width (`equal_widths`): DIFF V1's 2d-wide values as two d-wide halves (and, before jax
-  0.11.2, GQA's k/v heads repeated).
+  (`rows_over_cap`) and runs the step traced for the one layout (`decided`). Packed offsets
+  hold for q's head width only, so a packed call has its values at q's width
+  (`equal_widths`): DIFF V1's 2d-wide values as two d-wide halves (and, before jax 0.11.2,
+  GQA's k/v heads repeated).
 - **padded** (elsewhere, for an explicit decoding mask, and where the environment variable
   DIFF_TRANSFORMER_CUDNN_LAYOUT=padded forces it): `jax.nn.dot_product_attention`, which wants
   values as wide as keys: q and k are zero-padded to the value width (the scale stays

@@ -26,8 +26,8 @@ def grid_args(study: Study, point: str) -> tuple[str, ...]:
 def _flags(study: Study, point: str, overrides) -> tuple[str, ...]:
   """`--config.<key>=<value>` flags, a variant's option (model.<option>) named in the point's
   variant's section as train.py's config has it."""
-  config = study.get_config(point)
-  return tuple(f"--config.{nested_key(k, config.model.variant) or k}={v}" for k, v in overrides)
+  variant = study.root_variant(study.parse(point).variant)
+  return tuple(f"--config.{nested_key(k, variant) or k}={v}" for k, v in overrides)
 
 
 def override_args(study: Study, point: str) -> tuple[str, ...]:

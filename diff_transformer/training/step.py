@@ -83,6 +83,7 @@ class Trainer:
     self._train_steps = {over: jax.jit(self._deciding(over), donate_argnums=0,
                                        out_shardings=(self.state_shardings, None))
                          for over in (None, False, True)}
+    self._cap_here: dict[int, bool] = {}  # row length -> whether the cap applies on this host
     self._grads = jax.jit(self._grads_fn)
     self._eval_step = jax.jit(self._eval_step_fn)
     self._logits = jax.jit(self._logits_fn)
@@ -206,7 +207,10 @@ class Trainer:
     cuDNN's packed layout takes (model.max_segments), where this step's attention meets that cap
     (on a GPU in the exact layout; kernels/cudnn.py); None elsewhere. Every process of a
     multi-process run answers for all (each reads its own rows)."""
-    if not self._meets_cap(batch):
+    length = batch["segment_ids"].shape[-1] if self.packed_rows else 0
+    if length not in self._cap_here:  # traced once per row length, not at every step
+      self._cap_here[length] = self._meets_cap(batch)
+    if not self._cap_here[length]:
       return None
     over = cudnn.rows_over_cap(local_rows(batch["segment_ids"]), self.spec.max_segments)
     if jax.process_count() > 1:
@@ -243,15 +247,11 @@ class Trainer:
     target = platforms and ("gpu" if platforms[0] in ("cuda", "rocm") else platforms[0])
     with self.context(), (kernels.auto.target_platform(target) if target
                           else contextlib.nullcontext()):
-      step = self._train_steps[self._within_cap(batch) if decided else None]
+      # Rows within the cap where it applies: what every batch but an unusual one runs.
+      step = self._train_steps[False if decided and self._meets_cap(batch) else None]
       if platforms is None:
         return step.lower(self.abstract_state, batch)
       return step.trace(self.abstract_state, batch).lower(lowering_platforms=platforms)
-
-  def _within_cap(self, batch) -> bool | None:
-    """The step an abstract batch compiles to: the one for rows within the cap where it applies
-    (what every batch but an unusual one runs)."""
-    return False if self._meets_cap(batch) else None
 
   def _meets_cap(self, batch) -> bool:
     """Whether this step's packed rows meet cuDNN's packed cap here (kernels/cudnn.py)."""

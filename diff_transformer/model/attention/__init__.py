@@ -24,8 +24,8 @@ from diff_transformer.model.spec import ModelSpec
 __all__ = ["Attention", "LayerConstant", "Projected", "PAPER_VARIANTS", "VARIANTS", "DiffAttention",
            "DiffV2Attention", "SharedDiffAttention", "TransformerAttention", "known_variant",
            "recorded_variant", "register_variant", "unregister_variant", "variant_class",
-           "variant_names", "make_spec", "model_section", "nested", "nested_key", "other_sections_changed", "section", "set_model",
-           "spec_from_config"]
+           "variant_names", "make_spec", "model_section", "nested", "nested_key",
+           "other_sections_changed", "section", "set_model", "spec_from_config"]
 
 VARIANTS: dict[str, type[Attention]] = {
     "transformer": TransformerAttention,
@@ -100,6 +100,11 @@ def recorded_variant(name: str) -> str:
   return f"{cls.__module__}:{cls.__qualname__}"
 
 
+def _option_names(options: type) -> frozenset[str]:
+  """The field names of a variant's Options (its own keys)."""
+  return frozenset(f.name for f in dataclasses.fields(options))
+
+
 def section(variant: str) -> str:
   """The config section of a variant's own keys: model.<variant>, a `module:Class` name with
   every character that a key cannot hold as '_'."""
@@ -136,7 +141,7 @@ def make_spec(**values) -> ModelSpec:
   variant = values.get("variant", ModelSpec.variant)
   options_type = variant_class(variant).Options
   common = {f.name for f in ModelSpec.common_fields()}
-  own = {f.name for f in dataclasses.fields(options_type)}
+  own = _option_names(options_type)
   unknown = sorted(values.keys() - common - own)
   if unknown:
     raise ConfigError(f"model.{unknown[0]}: not a key of every variant nor an option of "
@@ -166,9 +171,8 @@ def spec_from_config(model: ml_collections.ConfigDict) -> ModelSpec:
   values = model.to_dict()
   variant = values.get("variant", ModelSpec.variant)
   options = values.pop(section(variant), {})
-  for name in VARIANTS:
-    if isinstance(values.get(section(name)), dict):
-      values.pop(section(name))
+  sections = {section(name) for name in VARIANTS}
+  values = {k: v for k, v in values.items() if k not in sections}
   flat = sorted(values.keys() & options.keys())
   if flat:
     raise ConfigError(f"model.{flat[0]}: an option of {variant}: set model.{section(variant)}."
@@ -198,10 +202,9 @@ def nested_key(key: str, variant: str) -> str | None:
   head, _, option = key.partition(".")
   if head != "model" or "." in option:
     return key
-  own = {f.name for f in dataclasses.fields(variant_class(variant).Options)}
-  if option in own:
+  if option in _option_names(variant_class(variant).Options):
     return f"model.{section(variant)}.{option}"
-  if any(option in {f.name for f in dataclasses.fields(cls.Options)} for cls in VARIANTS.values()):
+  if any(option in _option_names(cls.Options) for cls in VARIANTS.values()):
     return None
   return key
 
