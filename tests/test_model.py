@@ -11,6 +11,7 @@ from flax import nnx
 from diff_transformer import kernels
 from diff_transformer.model import build_model, split_params
 from diff_transformer.model.decoder import unrolled
+from diff_transformer.model.layers import NORM_EPS, rms_normalize
 from diff_transformer.model.attention import LayerConstant, set_model
 from tests.helpers.variant_table import VARIANTS, tiny
 
@@ -151,3 +152,39 @@ def test_auto_unrolls_on_cpu_only():
     assert not unrolled(spec)
   assert not unrolled(dataclasses.replace(spec, layer_loop="scan"))
   assert unrolled(dataclasses.replace(spec, layer_loop="unroll"))
+
+
+def _rms_loss_f64(x, scale, w):
+  """sum(RMSNorm(x) * w) in float64, from the formula."""
+  return float(np.sum(x / np.sqrt(np.mean(x * x, -1, keepdims=True) + NORM_EPS) * scale * w))
+
+
+@pytest.mark.parametrize("with_scale", [True, False])
+def test_rms_norm_gradient_is_the_formulas_and_keeps_x_in_its_own_dtype(with_scale):
+  """RMSNorm's backward (a custom VJP) against central differences of the float64 formula, in
+  float32 and bfloat16; under bf16 it saves x itself for the backward, not a float32 copy."""
+  rng = np.random.default_rng()
+  x, w = rng.normal(size=(2, 3, 16)), rng.normal(size=(2, 3, 16))
+  scale = rng.normal(size=16) if with_scale else np.ones(16)
+  h, want_x, want_scale = 1e-6, np.zeros_like(x), np.zeros_like(scale)
+  for i in np.ndindex(x.shape):
+    e = np.zeros_like(x)
+    e[i] = h
+    want_x[i] = (_rms_loss_f64(x + e, scale, w) - _rms_loss_f64(x - e, scale, w)) / (2 * h)
+  for i in range(16):
+    e = np.zeros(16)
+    e[i] = h
+    want_scale[i] = (_rms_loss_f64(x, scale + e, w) - _rms_loss_f64(x, scale - e, w)) / (2 * h)
+  for dtype, tol in ((jnp.float32, 1e-4), (jnp.bfloat16, 5e-2)):
+    xs, ss = jnp.asarray(x, dtype), jnp.asarray(scale, jnp.float32)
+    loss = lambda x_, s_: jnp.sum(rms_normalize(x_, s_ if with_scale else None).astype(
+        jnp.float32) * jnp.asarray(w, jnp.float32))
+    got_x, got_scale = jax.grad(loss, (0, 1))(xs, ss)
+    assert got_x.dtype == dtype
+    np.testing.assert_allclose(np.asarray(got_x, np.float64), want_x, atol=tol * 4, rtol=tol)
+    if with_scale:
+      np.testing.assert_allclose(np.asarray(got_scale), want_scale, atol=tol * 4, rtol=tol)
+  _, backward = jax.vjp(lambda x_: rms_normalize(x_, jnp.asarray(scale, jnp.float32)),
+                        jnp.asarray(x, jnp.bfloat16))
+  saved = [(a.shape, a.dtype) for a in jax.tree_util.tree_leaves(backward)]
+  assert (x.shape, jnp.bfloat16) in saved and (x.shape, jnp.float32) not in saved, saved
