@@ -122,6 +122,25 @@ def gpu_plan_table(files: str) -> str:
   return "\n".join(out)
 
 
+def step_memory_table() -> str:
+  """benchmarks/step_memory.py: each compiled cell now against the same cell compiled by the
+  code under the file's other label."""
+  data = _load("step_memory.json")
+  if not data or "rows" not in data:
+    return "(not compiled yet: python benchmarks/step_memory.py)"
+  earlier_label = next((k for k in data if k != "rows"), None)
+  earlier = {(r["variant"], r["document_mask"]): r
+             for r in (data[earlier_label]["rows"] if earlier_label else [])}
+  out = [f"| variant | rows | peak GiB ({earlier_label} -> now) | other kernels' GB |",
+         "|---|---|---|---|"]
+  for r in data["rows"]["rows"]:
+    e = earlier.get((r["variant"], r["document_mask"]), {})
+    arrow = lambda key, fmt: (f"{e[key]:{fmt}} -> " if key in e else "") + f"{r[key]:{fmt}}"
+    out.append(f"| {r['variant']} | {'packed' if r['document_mask'] else 'causal'} | "
+               f"{arrow('peak_gib', '.1f')} | {arrow('other_gb', '.0f')} |")
+  return "\n".join(out)
+
+
 def throughput_table() -> str:
   d = _load("throughput.json")
   if d is None:
@@ -190,6 +209,7 @@ def sweep_report() -> str:
 
 
 BLOCKS = {"presets": preset_table, "kernels": kernel_tables, "aot": aot_table,
+          "step_memory": step_memory_table,
           "throughput": throughput_table, "eval_report": eval_report, "sweep": sweep_report}
 
 

@@ -67,8 +67,8 @@ JOBS = {
          "+--masks=causal,document+--tag=_exact"),
         # The 830M step at full depth, 2K, kernel=auto: four variants causal (the paper's rows),
         # DIFF V1 and the Transformer masked by document; 6 programs (16 took 61 s), 4 states;
-        # a cell over the memory compiled again micro-batched (DIFF V1 and Shared DIFF on an
-        # H100, aot_gpu_job_cells.json): 2 more programs.
+        # a cell over the memory compiled again micro-batched (none on an H100 by the
+        # deviceless compile, benchmarks/results/step_memory.json).
         ("train", 180, "--train_layers=0+--lengths=2048+--labels=auto+--masks=causal,document"
          "+--tag=_830m_full"),
     ),
