@@ -15,6 +15,10 @@ them) and on the 830M preset at full depth (16K tokens), at 2K and 4K, and each 
 tokens/s against the Transformer's, beside the DIFF paper's 0.916 (2K) and 0.897 (4K) for 3B.
 
     python benchmarks/step_estimate.py [--json benchmarks/results/step_estimate.json]
+        [--calibration benchmarks/results/step_estimate.json]
+
+The profiles ran the code of their day: after a change to what the step computes, keep their
+calibration (`--calibration`, the cells' work as compiled then) and predict with the new code.
 """
 from __future__ import annotations
 
@@ -130,9 +134,18 @@ def other_fusions(hlo: Hlo, top: int = 12) -> list[dict]:
 def main() -> None:
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--json", default=str(RESULTS / "step_estimate.json"))
+  p.add_argument("--calibration", default="", help=(
+      "an earlier step_estimate JSON whose calibration to keep (the profiled cells' work as "
+      "compiled then, by the code the profiles ran) instead of compiling those cells again"))
   args = p.parse_args()
-  calibration = calibrate()
-  rates = calibration.pop("rates_per_ms")
+  if args.calibration:
+    earlier = json.loads(Path(args.calibration).read_text())
+    calibration = dict(earlier["calibration"], provenance=earlier.get(
+        "calibration_provenance", earlier["provenance"]))
+    rates = fit(calibration["cells"])
+  else:
+    calibration = calibrate()
+    rates = calibration.pop("rates_per_ms")
   predictions, fusions = [], {}
   for size, T, batch, remat in PREDICT:
     row = dict(size=size, T=T, batch=batch, layers="full depth", remat=remat, layout="exact",
@@ -156,7 +169,9 @@ def main() -> None:
     print(json.dumps({k: row[k] for k in ("size", "T", "tokens_per_s_vs_transformer")}), flush=True)
   import jax
   out = dict(provenance=f"compiled for an H200 on a CPU host (jax {jax.__version__}, the gpu-aot "
-             "extra); rates fitted on the committed H200 profiles", classes={
+             "extra); rates fitted on the committed H200 profiles",
+             calibration_provenance=calibration.pop("provenance", "compiled with the predictions"),
+             classes={
                  k: f"{'+'.join(kinds)} {what}" for k, (kinds, what) in CLASSES.items()},
              calibration=calibration, predictions=predictions,
              largest_other_fusions_830m_2k=fusions,

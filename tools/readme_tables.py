@@ -141,6 +141,25 @@ def step_memory_table() -> str:
   return "\n".join(out)
 
 
+def step_estimate_table() -> str:
+  """benchmarks/step_estimate.py's predictions: each variant's tokens/s over the Transformer's."""
+  data = _load("step_estimate.json")
+  if not data:
+    return "(not estimated yet: python benchmarks/step_estimate.py)"
+  names = {"diff": "DIFF V1", "shared_diff": "Shared DIFF", "diff_v2": "DIFF V2"}
+  out = ["| step | " + " | ".join(names.values()) + " | the DIFF paper (DIFF V1, 3B) |",
+         "|---|" + "---|" * (len(names) + 1)]
+  for row in data["predictions"]:
+    ratio = row["tokens_per_s_vs_transformer"]
+    step = (f"{row['size'].upper()}, {row['layers']}, {row['T'] // 1024}K, "
+            f"{row['T'] * row['batch'] // 1024}K tokens" +
+            (f", remat {row['remat']}" if row["remat"] != "none" else ""))
+    cells = [f"{ratio[v]:.3f}" if v in ratio else "not estimated" for v in names]
+    paper = row.get("paper_diff_vs_transformer")
+    out.append(f"| {step} | " + " | ".join(cells) + f" | {paper if paper else '-'} |")
+  return "\n".join(out)
+
+
 def throughput_table() -> str:
   d = _load("throughput.json")
   if d is None:
@@ -209,7 +228,7 @@ def sweep_report() -> str:
 
 
 BLOCKS = {"presets": preset_table, "kernels": kernel_tables, "aot": aot_table,
-          "step_memory": step_memory_table,
+          "step_memory": step_memory_table, "step_estimate": step_estimate_table,
           "throughput": throughput_table, "eval_report": eval_report, "sweep": sweep_report}
 
 
