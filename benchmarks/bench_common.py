@@ -116,6 +116,20 @@ def temp_bytes(compiled) -> int | None:
     return None
 
 
+def compiled_figures(compiled, text: str | None = None) -> dict:
+  """A compiled step's peak and temporaries per device (GiB) and the bytes its GEMMs and its
+  other kernels move per step (GB; aot/inventory.py). `text`: its HLO text, if already read."""
+  from diff_transformer import aot
+  from diff_transformer.aot import inventory
+  from diff_transformer.aot.hlo import Hlo
+  memory = compiled.memory_analysis()
+  classes = inventory.inventory(Hlo(text or compiled.as_text()))["classes"]
+  return dict(peak_gib=round(aot.peak_bytes(memory) / aot.GIB, 3),
+              temp_gib=round(memory.temp_size_in_bytes / aot.GIB, 3),
+              gemm_gb=round(classes["gemm"]["bytes"] / 1e9, 2),
+              other_gb=round(classes["other"]["bytes"] / 1e9, 2))
+
+
 def kernel_spec(variant: str, *, heads: int = 4, kv_heads: int = 2, d: int = 64,
                 dtype: str = "float32"):
   """A one-layer spec whose kernel call has `heads` query heads (DIFF V1: differential heads,

@@ -21,10 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from bench_common import paper_config  # noqa: E402
+from bench_common import compiled_figures, paper_config  # noqa: E402
 from diff_transformer import aot  # noqa: E402
-from diff_transformer.aot import inventory  # noqa: E402
-from diff_transformer.aot.hlo import Hlo  # noqa: E402
 from diff_transformer.mesh import batch_sharding, make_mesh  # noqa: E402
 from diff_transformer.training.step import Trainer  # noqa: E402
 
@@ -42,9 +40,9 @@ def measure(variant: str, decided: bool) -> dict:
   with aot.for_target(where):
     compiled = trainer.lower_train_step(batch, decided=decided).compile()
   text = compiled.as_text()
+  figures = compiled_figures(compiled, text)
   return dict(variant=variant, decided_on_host=decided, conditionals=text.count(" conditional("),
-              peak_gib=round(aot.peak_bytes(compiled.memory_analysis()) / aot.GIB, 3),
-              other_gb=round(inventory.inventory(Hlo(text))["classes"]["other"]["bytes"] / 1e9, 2))
+              peak_gib=figures["peak_gib"], other_gb=figures["other_gb"])
 
 
 def main() -> None:

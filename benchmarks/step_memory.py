@@ -24,12 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import jax  # noqa: E402
 
-from bench_common import paper_config  # noqa: E402
-from diff_transformer import aot  # noqa: E402
-from diff_transformer.aot import inventory  # noqa: E402
-from diff_transformer.aot.hlo import Hlo  # noqa: E402
-from diff_transformer import cli  # noqa: E402
-from diff_transformer.cli import out_file  # noqa: E402
+from bench_common import compiled_figures, paper_config  # noqa: E402
+from diff_transformer import aot, cli  # noqa: E402
 from diff_transformer.model.attention import PAPER_VARIANTS  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -40,19 +36,13 @@ def measure(variant: str, document_mask: bool) -> dict:
   config.data.document_mask = document_mask
   start = time.perf_counter()
   compiled, _ = aot.compile_step(config, aot.target("h200:1", 0.9))
-  memory = compiled.memory_analysis()
-  classes = inventory.inventory(Hlo(compiled.as_text()))["classes"]
-  return dict(variant=variant, document_mask=document_mask,
-              peak_gib=round(aot.peak_bytes(memory) / aot.GIB, 3),
-              temp_gib=round(memory.temp_size_in_bytes / aot.GIB, 3),
-              gemm_gb=round(classes["gemm"]["bytes"] / 1e9, 2),
-              other_gb=round(classes["other"]["bytes"] / 1e9, 2),
+  return dict(variant=variant, document_mask=document_mask, **compiled_figures(compiled),
               compile_seconds=round(time.perf_counter() - start, 1))
 
 
 def main(argv: list[str]) -> int:
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  p.add_argument("--json", type=out_file, default=str(RESULTS / "step_memory.json"))
+  p.add_argument("--json", type=cli.out_file, default=str(RESULTS / "step_memory.json"))
   p.add_argument("--label", default="rows", help="the key the rows go under in the JSON")
   args = p.parse_args(argv)
   aot.target("h200:1", 0.9)  # the gpu-aot extra, before any work
