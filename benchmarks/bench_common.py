@@ -13,6 +13,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from configs.scaling import get_config  # noqa: E402
+from diff_transformer import aot  # noqa: E402
+from diff_transformer.aot import inventory  # noqa: E402
+from diff_transformer.aot.hlo import Hlo  # noqa: E402
 from diff_transformer.config import base_config, validate  # noqa: E402
 from diff_transformer.model.attention import make_spec  # noqa: E402
 from diff_transformer.params import heads_for, set_rank  # noqa: E402
@@ -119,9 +122,6 @@ def temp_bytes(compiled) -> int | None:
 def compiled_figures(compiled, text: str | None = None) -> dict:
   """A compiled step's peak and temporaries per device (GiB) and the bytes its GEMMs and its
   other kernels move per step (GB; aot/inventory.py). `text`: its HLO text, if already read."""
-  from diff_transformer import aot
-  from diff_transformer.aot import inventory
-  from diff_transformer.aot.hlo import Hlo
   memory = compiled.memory_analysis()
   classes = inventory.inventory(Hlo(text or compiled.as_text()))["classes"]
   return dict(peak_gib=round(aot.peak_bytes(memory) / aot.GIB, 3),
