@@ -26,7 +26,7 @@ setup(
         "numpy>=1.26",
         # ml_dtypes 0.7.0 beside numpy 2.4 (the newest numpy for Python 3.11) takes about 1 s of
         # CPU to import, in every program and child process; 0.6.0 takes 0.015 s (measured on a
-        # 2-core Xeon host; 0.7.0 with numpy 2.5: 0.04 s). jax up to 0.12 asks for >=0.5.
+        # 2-core AMD EPYC host; 0.7.0 with numpy 2.5: 0.04 s). jax up to 0.12 asks for >=0.5.
         "ml-dtypes>=0.5,<0.7",
         "tokenizers>=0.21",
         "tqdm>=4.66",
