@@ -2,6 +2,7 @@
 one-line errors for bad study files."""
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -11,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from diff_transformer import cli
@@ -47,6 +49,29 @@ def test_paired_interval_and_exact_p_match_a_hand_computation():
   assert s["n"] == 3 and s["mean"] == pytest.approx(7 / 3)
   assert s["std"] == pytest.approx(math.sqrt(((1 - 7 / 3) ** 2 + (2 - 7 / 3) ** 2 +
                                               (4 - 7 / 3) ** 2) / 2))
+
+
+def test_the_sign_flip_p_counts_every_sign_assignment():
+  """Against a listing of all 2^n sign assignments, on fresh normal differences and on tied
+  small integers; at 40 pairs of +-1 (too many to list) against the binomial count; more pairs
+  than that are refused, not left to exhaust memory."""
+  rng = np.random.default_rng()
+
+  def listed(d: list[float]) -> float:
+    observed = abs(sum(d))
+    sums = [abs(sum(s * x for s, x in zip(signs, d)))
+            for signs in itertools.product((1, -1), repeat=len(d))]
+    return sum(s >= observed - 1e-12 * max(1.0, observed) for s in sums) / 2 ** len(d)
+
+  for n in range(1, 13):
+    for d in (rng.normal(size=n), rng.integers(-2, 3, size=n).astype(float)):
+      assert sign_flip_p(d) == listed([float(x) for x in d]), d
+  d = np.where(rng.random(40) < 0.6, 1.0, -1.0)
+  observed = abs(int(d.sum()))
+  assert sign_flip_p(d) == sum(math.comb(40, j) for j in range(41)
+                               if abs(2 * j - 40) >= observed) / 2 ** 40
+  with pytest.raises(ValueError, match="at most 40 pairs, got 41"):
+    sign_flip_p(np.ones(41))
 
 
 def test_holm_matches_a_hand_computation():

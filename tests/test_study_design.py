@@ -85,6 +85,9 @@ def test_the_design_check_refuses_what_cannot_conclude_and_names_the_seeds_neede
     five.validate()
   assert len(message_lines(e.value)) == 1
   assert "cannot reach p < 0.05 with 5 seeds" in str(e.value) and "needs 7 seeds" in str(e.value)
+  with pytest.raises(UserError, match="41 seeds; at most 40") as e:  # before any run
+    retrieval().with_options(seeds=",".join(str(s) for s in range(41))).validate()
+  assert len(message_lines(e.value)) == 1
   study = retrieval().validate()
   assert len(study.seeds) >= 8 and all(d["can_resolve"] for d in study.design().values())
   exploratory = retrieval().with_options(seeds="0,1,2,3,4", exploratory=True).validate()

@@ -12,7 +12,7 @@ from diff_transformer.errors import ConfigError
 from diff_transformer.model.attention import known_variant, variant_names
 from diff_transformer.study.named import candidate_cells
 from diff_transformer.study.overrides import BySize
-from diff_transformer.stats import ALPHA
+from diff_transformer.stats import ALPHA, MAX_EXACT_PAIRS
 
 
 def _cells(study) -> None:
@@ -97,6 +97,10 @@ def check(study, design: bool = True) -> None:
   if not study.seeds or len(set(study.seeds)) != len(study.seeds):
     raise ConfigError(f"study {study.name}: seeds must be distinct and non-empty, got "
                       f"{study.seeds}")
+  most = max([len(study.seeds)] + [len(s) for _, s in study.cell_seeds])
+  if most > MAX_EXACT_PAIRS:
+    raise ConfigError(f"study {study.name}: {most} seeds; at most {MAX_EXACT_PAIRS} (each "
+                      "comparison's exact sign-flip p counts every sign assignment of its pairs)")
   unknown = [v for v in study.variants if not known_variant(v) and not study.derived_cell(v)]
   if unknown or not study.variants or len(set(study.variants)) != len(study.variants):
     raise ConfigError(f"study {study.name}: variants must be distinct, non-empty and "
