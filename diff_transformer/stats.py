@@ -9,7 +9,6 @@ is what a study's design check (study/definition.py) holds against 0.05.
 """
 from __future__ import annotations
 
-import itertools
 import math
 
 import numpy as np
@@ -33,8 +32,8 @@ def summarize(values: list[float]) -> dict:
               std=float(x.std(ddof=1)) if n > 1 else math.nan, n=n)
 
 
-# The most pairs an exact sign-flip p is computed for: it counts 2^n sign assignments, half of
-# them enumerated (2^20 sums at 40 pairs); a study refuses more seeds before any run.
+# The most pairs an exact sign-flip p is computed for: it counts 2^n sign assignments from each
+# half's 2^(n/2) sums (2^20 at 40 pairs); a study refuses more seeds before any run.
 MAX_EXACT_PAIRS = 40
 
 
