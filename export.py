@@ -1,4 +1,5 @@
-"""Export a run as a Hugging Face model folder: `python export.py --workdir RUN [--step N] --out DIR`.
+"""Export a run as a Hugging Face model folder:
+`python export.py --workdir RUN [--step N] --out DIR`.
 
 transformer -> LlamaForCausalLM, diff / shared_diff -> DiffLlamaForCausalLM (stock classes, no
 custom code), diff_v2 -> a bundled modelling file (trust_remote_code=True). Needs the hf extra

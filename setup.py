@@ -47,8 +47,8 @@ setup(
         "gpu-aot": ["jax[cuda12-local]>=0.10.2,<0.13", "nvidia-cuda-nvcc-cu12>=12.4,<13"],
         # Hugging Face export/import, lm-eval and tiktoken files. Tested: transformers 5.23.0 with
         # torch 2.13.0+cpu and transformers 5.24.0 with torch 2.14.1; safetensors 0.8.0, lm-eval
-        # 0.4.13, accelerate 1.15.0 (lm-eval's hf model needs it), tiktoken 0.14.0. For the CPU build of torch add
-        # --extra-index-url https://download.pytorch.org/whl/cpu.
+        # 0.4.13, accelerate 1.15.0 (lm-eval's hf model needs it), tiktoken 0.14.0. For the CPU
+        # build of torch add --extra-index-url https://download.pytorch.org/whl/cpu.
         "hf": ["transformers>=5.23,<6", "torch>=2.13,<3", "safetensors>=0.8,<0.9",
                "lm-eval>=0.4.13,<0.5", "accelerate>=1.15,<2", "tiktoken>=0.14,<0.15"],
     },

@@ -23,8 +23,10 @@ from diff_transformer.sweeps import report  # noqa: E402
 from diff_transformer.sweeps.definition import SweepError  # noqa: E402
 
 flags.DEFINE_string("sweep", "configs/sweeps/cpu.py", "Sweep definition file (defines SWEEP).")
-flags.DEFINE_string("root", "", "Directory holding one workdir per point (default runs/sweeps/<name>).")
-flags.DEFINE_enum("mode", "local", ["local", "print"], "Run here one after another, or print commands.")
+flags.DEFINE_string("root", "",
+                    "Directory holding one workdir per point (default runs/sweeps/<name>).")
+flags.DEFINE_enum("mode", "local", ["local", "print"],
+                  "Run here one after another, or print commands.")
 flags.DEFINE_string("launcher", "", "Prefix for printed commands, e.g. 'sbatch --wrap'.")
 flags.DEFINE_bool("retrain_changed", False, "Train anew the points whose workdir was trained "
                   "under another setting (the old workdir is moved aside, never deleted).")
@@ -46,7 +48,8 @@ def main(argv):
       settings = {p: setting(sweep.get_config(p)) for p in sweep.points()}
       status = launch.run(sweep, FLAGS.sweep, root, mode=FLAGS.mode, launcher=FLAGS.launcher,
                           settings=settings, retrain=FLAGS.retrain_changed)
-    print(json.dumps({k: sum(v == k for v in status.values()) for k in ("skipped", "ran", "printed")}))
+    counts = {k: sum(v == k for v in status.values()) for k in ("skipped", "ran", "printed")}
+    print(json.dumps(counts))
     if FLAGS.mode == "print":
       return
   result = report.write_report(sweep, root)

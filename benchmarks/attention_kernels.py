@@ -126,7 +126,8 @@ def markdown(cpu: list[dict], tpu: list[dict]) -> str:
     lines += ["", "| variant | T | path | TPU v5e fwd temp MiB | fwd+bwd temp MiB |",
               "|---|---|---|---|---|"]
     for r in tpu:
-      cell = lambda n: fmt(r.get(f"{n}_temp_mib")) if f"{n}_error" not in r else _oom(r[f"{n}_error"])
+      cell = lambda n: (fmt(r.get(f"{n}_temp_mib")) if f"{n}_error" not in r
+                        else _oom(r[f"{n}_error"]))
       lines.append(f"| {r['variant']} | {r['T']} | {r['path']} | {cell('fwd')} | "
                    f"{cell('fwd_bwd')} |")
   return "\n".join(lines)
@@ -139,7 +140,8 @@ def main() -> None:
   parser.add_argument("--max-dense", type=int, default=4096, help="CPU cap for reference/xla")
   parser.add_argument("--max-pallas-cpu", type=int, default=2048, help="CPU cap (interpret)")
   parser.add_argument("--repeats", type=int, default=3)
-  parser.add_argument("--out", type=out_file, default=str(Path(__file__).parent / "results" / "attention_kernels.json"))
+  parser.add_argument("--out", type=out_file,
+                      default=str(Path(__file__).parent / "results" / "attention_kernels.json"))
   opts = parser.parse_args()
   caps = {"reference": opts.max_dense, "xla": opts.max_dense, "pallas": opts.max_pallas_cpu}
   start = time.time()

@@ -57,7 +57,8 @@ def small_config(variant: str, *, seq_len: int, batch: int, kernel: str = "auto"
   m.variant, m.d_model, m.num_layers, m.head_dim = variant, d_model, layers, head_dim
   m.num_heads = heads_for(variant, d_model, head_dim)
   set_rank(m, 4)
-  m.ffn_dim, m.vocab_size, m.max_seq_len, m.kernel, m.dtype = 2 * d_model, vocab, seq_len, kernel, dtype
+  m.ffn_dim, m.vocab_size, m.max_seq_len = 2 * d_model, vocab, seq_len
+  m.kernel, m.dtype = kernel, dtype
   c.data.seq_len, c.train.global_batch_size = seq_len, batch
   return validate(c)
 

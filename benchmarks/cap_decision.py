@@ -1,7 +1,7 @@
 """What deciding cuDNN's packed cap on the host buys the train step: the 830M preset at full depth,
 T = 2048, 8 packed rows, compiled for one H200 on this CPU host (the gpu-aot extra), as the step
-runs for rows within the cap (no cond: `Trainer.lower_train_step`) and as it would decide in
-every layer's call (a lax.cond per call: `lower_train_step(decided=False)`). Per variant: the compiled
+runs for rows within the cap (no cond: `Trainer.lower_train_step`) and as it would decide in every
+layer's call (a lax.cond per call: `lower_train_step(decided=False)`). Per variant: the compiled
 peak and the bytes the step's other kernels move (aot/inventory.py).
 
     python benchmarks/cap_decision.py [--json benchmarks/results/cap_decision.json]

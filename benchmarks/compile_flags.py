@@ -91,7 +91,8 @@ def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__)
   parser.add_argument("--rounds", type=int, default=3)
   parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-  parser.add_argument("--out", type=out_file, default=str(ROOT / "benchmarks" / "results" / "compile_flags.json"))
+  parser.add_argument("--out", type=out_file,
+                      default=str(ROOT / "benchmarks" / "results" / "compile_flags.json"))
   args = parser.parse_args()
   if args.child:
     os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})

@@ -67,7 +67,8 @@ def main() -> None:
   p.add_argument("--rounds", type=int, default=5)
   p.add_argument("--steps", type=int, default=10, help="steps per variant per round")
   p.add_argument("--quick", action="store_true")
-  p.add_argument("--out", type=out_file, default=str(Path(__file__).parent / "results" / "decode_step.json"))
+  p.add_argument("--out", type=out_file,
+                 default=str(Path(__file__).parent / "results" / "decode_step.json"))
   args = p.parse_args()
   if args.quick:
     args.batch, args.cache, args.d_model, args.layers, args.rounds, args.steps = 2, 64, 64, 2, 2, 2

@@ -47,13 +47,15 @@ def main() -> None:
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--lengths", default="256,512,1024")
   p.add_argument("--rounds", type=int, default=5)
-  p.add_argument("--out", type=cli.out_file, default=str(ROOT / "benchmarks" / "results" / "attention_kernels_cpu.json"))
+  p.add_argument("--out", type=cli.out_file,
+                 default=str(ROOT / "benchmarks" / "results" / "attention_kernels_cpu.json"))
   args = p.parse_args()
   rows = []
   for T in map(int, args.lengths.split(",")):
     rng = np.random.default_rng(0)
     x = lambda *s: jnp.asarray(rng.standard_normal(s), jnp.float32)
-    q1, k1, v, q2, k2 = x(B, T, H, D), x(B, T, H, D), x(B, T, H, 2 * D), x(B, T, H, D), x(B, T, H, D)
+    q1, k1, q2, k2 = (x(B, T, H, D) for _ in range(4))
+    v = x(B, T, H, 2 * D)
     steps = {}
     for name, fn in paths().items():
       step = jax.jit(jax.grad(lambda q1, k1, v, q2, k2, fn=fn: jnp.sum(fn(q1, k1, v, q2, k2, 0.3)),

@@ -83,8 +83,9 @@ def main(argv: list[str]) -> int:
       compile_s[key] = time.perf_counter() - start
       calls[key] = Stepper(trainer.train_step, batch, states, key)
     drifts[(variant, layers)] = drift(pair, batch, args.check_steps)
-    print(f"  compiled {variant} at {layers} layers: scan {compile_s[(variant, layers, 'scan')]:.0f}"
-          f" s, unroll {compile_s[(variant, layers, 'unroll')]:.0f} s", flush=True)
+    scan_s, unroll_s = (compile_s[(variant, layers, how)] for how in ("scan", "unroll"))
+    print(f"  compiled {variant} at {layers} layers: scan {scan_s:.0f} s, unroll {unroll_s:.0f} s",
+          flush=True)
   loads: list[float] = []
 
   def after_round(r: int) -> None:

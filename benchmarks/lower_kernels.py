@@ -136,7 +136,8 @@ def main() -> int:
   parser = argparse.ArgumentParser()
   parser.add_argument("--no-aot", action="store_true")
   parser.add_argument("--aot-only", action="store_true")
-  parser.add_argument("--json", default=str(Path(__file__).parent / "results" / "lower_kernels.json"))
+  parser.add_argument("--json",
+                      default=str(Path(__file__).parent / "results" / "lower_kernels.json"))
   opts = parser.parse_args()
   result = {"jax": jax.__version__}
   if not opts.aot_only:

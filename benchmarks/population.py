@@ -91,7 +91,8 @@ def main() -> None:
   p.add_argument("--steps", type=int, default=3)
   p.add_argument("--rounds", type=int, default=3)
   p.add_argument("--quick", action="store_true", help="tiny shapes (a smoke run)")
-  p.add_argument("--out", type=out_file, default=str(Path(__file__).parent / "results" / "population.json"))
+  p.add_argument("--out", type=out_file,
+                 default=str(Path(__file__).parent / "results" / "population.json"))
   args = p.parse_args()
   sizes = [int(s) for s in args.sizes.split(",")]
   device = jax.devices()[0]

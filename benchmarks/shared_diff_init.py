@@ -47,7 +47,8 @@ def train(arm: str, seed: int, steps: int, root: Path) -> dict:
   args = [sys.executable, "train.py", f"--config=configs/synthetic.py:{variant}-mqar",
           f"--workdir={workdir}", f"--config.train.steps={steps}",
           f"--config.train.checkpoint_every={steps}", f"--config.train.seed={seed}",
-          f"--config.data.seed={seed}"] + ([f"--config.model.shared_diff.lowrank_init={init}"] if init else [])
+          f"--config.data.seed={seed}"]
+  args += [f"--config.model.shared_diff.lowrank_init={init}"] if init else []
   if RunFolder(workdir).read_summary() is None:
     workdir.mkdir(parents=True, exist_ok=True)
     with open(workdir / "train.log", "w") as log:
@@ -63,8 +64,10 @@ def main():
   ap.add_argument("--steps", type=int, default=500)
   ap.add_argument("--seeds", default="0,1,2")
   ap.add_argument("--root", default="runs/ablations/shared_diff_init")
-  ap.add_argument("--out", type=out_file, default=str(ROOT / "benchmarks/results/shared_diff_init.json"))
-  ap.add_argument("--arms", default=",".join(["diff"] + [f"shared_diff:{i}" for i in LOWRANK_INITS]),
+  ap.add_argument("--out", type=out_file,
+                  default=str(ROOT / "benchmarks/results/shared_diff_init.json"))
+  ap.add_argument("--arms",
+                  default=",".join(["diff"] + [f"shared_diff:{i}" for i in LOWRANK_INITS]),
                   help="variant or shared_diff:<lowrank_init>, comma-separated")
   args = ap.parse_args()
   seeds = [int(s) for s in args.seeds.split(",")]
@@ -89,8 +92,9 @@ def main():
            "reached 0.9 | median steps to 0.9 |", "|---|---|---|---|---|---|"]
   for arm, t in table.items():
     fa = t["final_accuracy"]
-    lines.append(f"| {arm} | {scale.get(arm, float('nan')):.3f} | {fa['mean']:.3f} ± {fa['std']:.3f} | "
-                 f"{t['per_seed']} | {t['reached_90']} | {t['steps_to_90_median'] or 'not reached'} |")
+    lines.append(f"| {arm} | {scale.get(arm, float('nan')):.3f} | "
+                 f"{fa['mean']:.3f} ± {fa['std']:.3f} | {t['per_seed']} | {t['reached_90']} | "
+                 f"{t['steps_to_90_median'] or 'not reached'} |")
   print("\n".join(lines))
 
 

@@ -126,8 +126,8 @@ def other_fusions(hlo: Hlo, top: int = 12) -> list[dict]:
       inst = hlo.instructions[name]
       body = hlo.computations.get(inst["callee"] or "", [])
       sources = {s for i in body or [name] if (s := hlo.source(hlo.instructions[i]["frame"]))}
-      rows.append(dict(hlo_op=name, shape=inst["shape"][:80], mbytes_per_step=times * k["bytes"] / 1e6,
-                       sources=sorted(sources)[:4]))
+      rows.append(dict(hlo_op=name, shape=inst["shape"][:80],
+                       mbytes_per_step=times * k["bytes"] / 1e6, sources=sorted(sources)[:4]))
   return sorted(rows, key=lambda r: -r["mbytes_per_step"])[:top]
 
 
@@ -177,7 +177,8 @@ def main() -> None:
              largest_other_fusions_830m_2k=fusions,
              worst_left_out_step_error=calibration["worst_error"]["left_out"]["per_step"])
   Path(args.json).write_text(json.dumps(out, indent=1, default=float) + "\n")
-  print(f"wrote {args.json}; rates {calibration['rates']}; worst errors {calibration['worst_error']}")
+  print(f"wrote {args.json}; rates {calibration['rates']}; "
+        f"worst errors {calibration['worst_error']}")
 
 
 if __name__ == "__main__":

@@ -51,7 +51,8 @@ def main() -> None:
   parser.add_argument("--runs", type=int, default=4)
   parser.add_argument("--rounds", type=int, default=2)
   parser.add_argument("--steps", type=int, default=200)
-  parser.add_argument("--out", type=cli.out_file, default=str(ROOT / "benchmarks/results/study_children.json"))
+  parser.add_argument("--out", type=cli.out_file,
+                      default=str(ROOT / "benchmarks/results/study_children.json"))
   a = parser.parse_args()
   os.chdir(ROOT)
   study = cli.load_definition(STUDY_FILE, "study", "STUDY").validate(design=False)

@@ -4,26 +4,27 @@ Select with `--config=configs/scaling.py:<variant>-<size>`, e.g. `diff-830m`, `t
 `shared_diff-2.8b`, `diff_v2-3b`, `diff-3b-64k`. Overrides as usual: `--config.model.num_layers=4`.
 
 Sources (the papers' scaling tables; README 'Configs and presets'):
-- DIFF / Transformer rows: DIFF paper Table 10 (Ye et al., Differential Transformer). Transformer rows keep D, L, d and use
-  2h heads (parameter-matched). FFN = 8/3 D rounded to the nearest multiple of 128 (the table gives
-  no widths). Learning rate 1.5e-4 (830M-2.8B) and 7.5e-5 (6.8B-13.1B) as in the seed slides; one
-  secondary transcription of the paper reads ten times higher, so treat lr as uncertain.
-  Schedule: 40K steps, 0.25M-token batches of 2048, warmup 375 then linear decay (to 0: the paper
-  states no floor), AdamW (0.9, 0.98), weight decay 0.05.
+- DIFF / Transformer rows: DIFF paper Table 10 (Ye et al., Differential Transformer). Transformer
+  rows keep D, L, d and use 2h heads (parameter-matched). FFN = 8/3 D rounded to the nearest
+  multiple of 128 (the table gives no widths). Learning rate 1.5e-4 (830M-2.8B) and 7.5e-5
+  (6.8B-13.1B) as in the seed slides; one secondary transcription of the paper reads ten times
+  higher, so treat lr as uncertain. Schedule: 40K steps, 0.25M-token batches of 2048, warmup 375
+  then linear decay (to 0: the paper states no floor), AdamW (0.9, 0.98), weight decay 0.05.
 - Shared DIFF rows: Shared DIFF paper Table 3 (Cang et al.) with its ranks. Where D / 2h is not an
-  integer (1.4B: 2048 / 20, 2.8B: 2880 / 28, 6.8B: 4096 / 40, 13.1B: 5120 / 60) we keep D, L, h
-  and r, take d = D // 2h (rounded down to even for RoPE: 13.1B gets 84) and size W_O from 2h*d (a deviation from the table). The paper's §2.3
-  parameter formula counts two low-rank terms; the code has four (Q1, Q2, K1, K2) and reports
-  what it has. Optimiser as the DIFF rows. Note: Table 3's 2.8B/6.8B/13.1B rows are wider or
-  deeper than the DIFF rows of the same name (2880 x 32, 4096 x 35, 5120 x 44), so by the
-  formulas those Shared DIFF presets count MORE parameters than DIFF's (3.3B, 7.1B, 13.8B paper
-  count); at equal D, L, h, d Shared DIFF always has fewer (tests/test_params.py).
+  integer (1.4B: 2048 / 20, 2.8B: 2880 / 28, 6.8B: 4096 / 40, 13.1B: 5120 / 60) we keep D, L, h and
+  r, take d = D // 2h (rounded down to even for RoPE: 13.1B gets 84) and size W_O from 2h*d (a
+  deviation from the table). The paper's §2.3 parameter formula counts two low-rank terms; the code
+  has four (Q1, Q2, K1, K2) and reports what it has. Optimiser as the DIFF rows. Note: Table 3's
+  2.8B/6.8B/13.1B rows are wider or deeper than the DIFF rows of the same name (2880 x 32, 4096 x
+  35, 5120 x 44), so by the formulas those Shared DIFF presets count MORE parameters than DIFF's
+  (3.3B, 7.1B, 13.8B paper count); at equal D, L, h, d Shared DIFF always has fewer
+  (tests/test_params.py).
 - DIFF V2 rows mirror the Transformer rows (same D, L, h, h_kv, d); V2 adds D*h*d query and D*h
   lambda parameters per layer.
-- 3B rows (the DIFF paper's 3B setup and Shared DIFF Table 1): DIFF-3B L 28, D 3072, FFN 8192, 12 heads of 128;
-  Transformer-3B 24 heads; Shared-DIFF-3B L 30, D 2880, FFN 7680, 14 heads, rank 256. AdamW
-  (0.9, 0.95), lr 3.2e-4, 1000 warmup steps, linear decay to 1.28e-5, weight decay 0.1, 4M-token
-  batches of 4096 (1T tokens = 250K steps).
+- 3B rows (the DIFF paper's 3B setup and Shared DIFF Table 1): DIFF-3B L 28, D 3072, FFN 8192, 12
+  heads of 128; Transformer-3B 24 heads; Shared-DIFF-3B L 30, D 2880, FFN 7680, 14 heads, rank 256.
+  AdamW (0.9, 0.95), lr 3.2e-4, 1000 warmup steps, linear decay to 1.28e-5, weight decay 0.1,
+  4M-token batches of 4096 (1T tokens = 250K steps).
 - Long context (`<variant>-3b-64k`): the 3B rows with RoPE theta 640,000, lr 8e-5, sequence 64K.
 """
 from __future__ import annotations
@@ -89,7 +90,8 @@ def get_config(preset: str = "diff-830m"):
   long_context = size.endswith("-64k")
   size = size.removesuffix("-64k")
   if variant not in variant_names() or size not in DIFF_ROWS or (long_context and size != "3b"):
-    raise ValueError(f"--config: unknown preset '{preset}'; choose one of {', '.join(preset_names())}")
+    raise ValueError(f"--config: unknown preset '{preset}'; choose one of "
+                     f"{', '.join(preset_names())}")
   c = base_config()
   m = c.model
   m.variant, m.vocab_size, m.tie_embeddings = variant, VOCAB, False
@@ -102,19 +104,23 @@ def get_config(preset: str = "diff-830m"):
     m.ffn_dim = SHARED_FFN.get(size, ffn_width(d_model))
     source = f"Shared DIFF paper Table {'1' if size == '3b' else '3'} ({size})"
     if 2 * heads * m.head_dim != d_model:
-      source += f"; deviation: d = D // 2h (even) = {m.head_dim}, W_O sized 2h*d = {2 * heads * m.head_dim}"
+      source += (f"; deviation: d = D // 2h (even) = {m.head_dim}, W_O sized 2h*d = "
+                 f"{2 * heads * m.head_dim}")
   else:
     heads = heads_for(variant, row.d_model, row.head_dim)
-    m.d_model, m.num_layers, m.num_heads, m.head_dim = row.d_model, row.num_layers, heads, row.head_dim
+    m.d_model, m.num_layers = row.d_model, row.num_layers
+    m.num_heads, m.head_dim = heads, row.head_dim
     m.ffn_dim = row.ffn_dim or ffn_width(row.d_model)
     source = f"DIFF paper {'3B setup' if size == '3b' else 'Table 10'} ({size})"
     if heads != row.diff_heads:
       source += f"; {variant}: {heads} heads of d = {row.head_dim} (parameter-matched baseline)"
-  if not row.ffn_dim and variant != "shared_diff" or (variant == "shared_diff" and size not in SHARED_FFN):
+  if (not row.ffn_dim and variant != "shared_diff"
+      or (variant == "shared_diff" and size not in SHARED_FFN)):
     source += f"; FFN {m.ffn_dim} = 8/3 D rounded to a multiple of 128"
   t = c.train
   if size == "3b":
-    t.lr, t.final_lr, t.warmup_steps, t.b1, t.b2, t.weight_decay = 3.2e-4, 1.28e-5, 1000, 0.9, 0.95, 0.1
+    t.lr, t.final_lr, t.warmup_steps = 3.2e-4, 1.28e-5, 1000
+    t.b1, t.b2, t.weight_decay = 0.9, 0.95, 0.1
     c.data.seq_len, t.global_batch_size, t.steps = 4096, 1024, 250_000
   else:
     t.lr, t.final_lr, t.warmup_steps, t.b1, t.b2, t.weight_decay = row.lr, 0.0, 375, 0.9, 0.98, 0.05

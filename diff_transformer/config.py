@@ -40,7 +40,8 @@ def model_config() -> ml_collections.ConfigDict:
 def task_config() -> ml_collections.ConfigDict:
   """Synthetic task parameters (data.name = mqar | needle; data/synthetic.py)."""
   return ml_collections.ConfigDict(dict(
-      vocab_size=256,  # ids the task uses (<= model.vocab_size); pools split what is left of 4 specials
+      # ids the task uses (<= model.vocab_size); pools split what is left of 4 specials
+      vocab_size=256,
       compositional=True,  # mqar: two-token keys on a g x g grid (False: plain single-token keys)
       num_keys=4,  # mqar: g (g*g stored pairs) when compositional, else the stored pairs
       num_queries=8,  # mqar: stored pairs asked per row (a strict subset)

@@ -1,4 +1,5 @@
-"""Logical axis names used by the model, and the rules that map them onto the (data, fsdp, tensor) mesh.
+"""Logical axis names used by the model, and the rules that map them onto the (data, fsdp,
+tensor) mesh.
 
 Model code only names logical axes; the trainer picks the mesh. Parameters carry their names as
 `out_sharding` metadata; activations go through `constrain`, a no-op when no mesh is set.

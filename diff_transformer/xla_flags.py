@@ -6,8 +6,8 @@ from __future__ import annotations
 import importlib.metadata
 import os
 
-# Tests compile far more than they run, so tests/conftest.py sets these for the whole session (and so
-# for every child process): LLVM left unoptimised, XLA:CPU's older loop emitters instead of its
+# Tests compile far more than they run, so tests/conftest.py sets these for the whole session (and
+# so for every child process): LLVM left unoptimised, XLA:CPU's older loop emitters instead of its
 # MLIR fusion emitters, and the generated code compiled as one module (for these small programs
 # the parallel split costs more than it saves, on one busy core or two idle ones). Same HLO and
 # XLA passes, but other generated code: float32 results can differ in the last bits from a

@@ -1,4 +1,5 @@
-"""Every variant and kernel against the independent float64 reference (tests/helpers/np_reference.py)."""
+"""Every variant and kernel against the independent float64 reference
+(tests/helpers/np_reference.py)."""
 import functools
 import zlib
 
@@ -107,7 +108,8 @@ def test_reference_maps_match_float64(variant):
   spec, attn = make(variant, 2, seed=3)
   x = jnp.asarray(np.random.default_rng(4).normal(size=(B, T, D)), jnp.float32)
   p = attn.project(x, jnp.broadcast_to(jnp.arange(T), (B, T)))
-  _, maps = reference.attention_maps(p.q1, p.k1, p.v, p.q2, p.k2, p.lam, segment_ids=jnp.asarray(SEG))
+  _, maps = reference.attention_maps(p.q1, p.k1, p.v, p.q2, p.k2, p.lam,
+                                    segment_ids=jnp.asarray(SEG))
   q1, k1 = np.asarray(p.q1, np.float64), np.asarray(p.k1, np.float64)
   if p.q2 is None:  # a single map: A1 only
     for b in range(B):
@@ -124,8 +126,9 @@ def test_reference_maps_match_float64(variant):
     ok = ref.allowed(SEG[b], T)
     for n in range(H):
       g = n // (H // K)
-      np.testing.assert_allclose(maps["A1"][b, n], ref.softmax_map(q1[b, :, n], k1[b, :, g], ok, dk ** -0.5), atol=1e-6)
-      np.testing.assert_allclose(maps["A2"][b, n], ref.softmax_map(q2[b, :, n], k2[b, :, g], ok, dk ** -0.5), atol=1e-6)
+      for name, q, k in (("A1", q1, k1), ("A2", q2, k2)):
+        expected = ref.softmax_map(q[b, :, n], k[b, :, g], ok, dk ** -0.5)
+        np.testing.assert_allclose(maps[name][b, n], expected, atol=1e-6)
   lam = np.broadcast_to(np.asarray(p.lam), (B, T, H))
   np.testing.assert_allclose(maps["lambda"], lam, rtol=1e-6)
 
@@ -170,7 +173,8 @@ def test_kernels_match_float64_on_fresh_inputs(kernel, case):
   k1, k2 = rng.normal(size=(2, B, T, K, dk))
   v = rng.normal(size=(B, T, K, dv))
   args = {"baseline": (q1, k1, v), "mqa": (q1, k1, v, q2, None, rng.uniform(size=(B, T, H))),
-          "v1": (q1, k1, v, q2, k2, 0.37), "v2": (q1, k1, v, q2, None, rng.uniform(size=(B, T, H)))}[case]
+          "v1": (q1, k1, v, q2, k2, 0.37),
+          "v2": (q1, k1, v, q2, None, rng.uniform(size=(B, T, H)))}[case]
   f32 = [None if a is None else jnp.asarray(a, jnp.float32) for a in args]
   for causal in (True, False):
     run = jax.jit(functools.partial(run_path, kernel, causal=causal))
@@ -183,8 +187,8 @@ def test_kernels_match_float64_on_fresh_inputs(kernel, case):
 @pytest.mark.parametrize("case", ["v1", "v1_mha", "v2", "v2_mqa", "base"])
 def test_kernel_gradients_match_float64(path, case):
   """Forward and every input's gradient against the float64 softmax-Jacobian reference."""
-  from diff_transformer.kernels.oracle import (ARG_NAMES, make_inputs, np_attention,  # only this test
-                                     scalar_lam_terms)
+  from diff_transformer.kernels.oracle import (  # only this test
+      ARG_NAMES, make_inputs, np_attention, scalar_lam_terms)
   variant, kv = {"v1": ("v1", 2), "v1_mha": ("v1", 4), "v2": ("v2", 2), "v2_mqa": ("v2", 1),
                  "base": ("base", 2)}[case]
   args, seg_ids, do = make_inputs(variant, B=2, T=23, N=4, K=kv, d=8, seed=seed_of(path, case),
@@ -324,7 +328,8 @@ def test_the_layout_switch_forces_the_padded_layout_and_a_bad_value_is_one_line(
     monkeypatch.setenv(cudnn.LAYOUT_ENV, "padded")
     assert cudnn.exact_reason() == f"{cudnn.LAYOUT_ENV}=padded forces it"
     monkeypatch.setenv(cudnn.LAYOUT_ENV, "fast")
-    with pytest.raises(ConfigError, match=f"^{cudnn.LAYOUT_ENV}: 'fast' is not one of exact, padded"):
+    with pytest.raises(ConfigError,
+                       match=f"^{cudnn.LAYOUT_ENV}: 'fast' is not one of exact, padded"):
       validate(base_config())
   finally:
     monkeypatch.undo()

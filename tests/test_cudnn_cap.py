@@ -45,8 +45,9 @@ def _rows(documents: int) -> dict:
   tokens = rng.integers(0, 256, (2, T + 1), dtype=np.int32)
   segment_ids = np.repeat(np.arange(1, documents + 1), T // documents)[None].repeat(2, 0)
   positions = np.tile(np.arange(T // documents), documents)[None].repeat(2, 0)
-  return dict(inputs=tokens[:, :-1], targets=tokens[:, 1:], segment_ids=segment_ids.astype(np.int32),
-              positions=positions.astype(np.int32), weights=np.ones((2, T), np.float32))
+  return dict(inputs=tokens[:, :-1], targets=tokens[:, 1:],
+              segment_ids=segment_ids.astype(np.int32), positions=positions.astype(np.int32),
+              weights=np.ones((2, T), np.float32))
 
 
 @pytest.fixture

@@ -88,7 +88,8 @@ def test_the_layout_switch_lowers_the_padded_layout(monkeypatch, packed):
   size, seq_len, batch = STEPS[0]
   calls = fmha_calls(lowered_step("diff", size, seq_len, batch, packed=packed))
   assert sorted(c["kind"] for c in calls) == (
-      ["ScaleBiasSoftmax", "ScaleBiasSoftmaxBackward"] if packed else ["Softmax", "SoftmaxBackward"])
+      ["ScaleBiasSoftmax", "ScaleBiasSoftmaxBackward"] if packed
+      else ["Softmax", "SoftmaxBackward"])
   forward = next(c for c in calls if not c["backward"])
   q, k, v = (forward["operands"][i]["shape"][3] for i in range(3))
   assert q == k == v == 2 * HEAD_WIDTH["830m"]

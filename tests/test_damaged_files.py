@@ -119,7 +119,8 @@ def _damaged_versions(data: bytes, shape: file_kinds.Shape | None, kind: str):
 
 
 # The run config's values pass config.validate, as a command line's do.
-RUN_CONFIG_VALUES = {"run config": (("model.max_seq_len", 10**18), ("model.rope_theta", float("nan")),
+RUN_CONFIG_VALUES = {"run config": (("model.max_seq_len", 10**18),
+                                    ("model.rope_theta", float("nan")),
                                     ("train.lr", float("inf")), ("model.num_layers", 0))}
 
 
@@ -360,7 +361,8 @@ def test_a_suite_result_without_a_metric_the_report_reads_is_one_line(tmp_path):
   path = tmp_path / "loss.json"
   path.write_text(json.dumps({"suite": "loss", "step": 1, "variant": "diff", "loss": 2.0,
                               "perplexity": 7.4, "others": {"loss": 2.1}}))
-  with pytest.raises(EvalError, match=r"loss.json: not a whole loss result \(missing key 'ar_hit'\)"):
+  with pytest.raises(EvalError,
+                     match=r"loss.json: not a whole loss result \(missing key 'ar_hit'\)"):
     load(tmp_path)
 
 

@@ -1,4 +1,5 @@
-"""KV-cache decoding equals full-sequence recomputation; cache sizes follow model/cache.py's layout table."""
+"""KV-cache decoding equals full-sequence recomputation; cache sizes follow model/cache.py's layout
+table."""
 import dataclasses
 import json
 from pathlib import Path

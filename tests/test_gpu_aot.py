@@ -1,8 +1,9 @@
 """The train step compiled for NVIDIA H100s on this CPU host (the gpu-aot extra; nothing runs):
-every variant, causal-only and packed, on 1 and 8 GPUs. The optimised HLO must call cuDNN's
-fused attention at the model's own widths for every attention (no XLA attention, no dense bias,
-no conditional: rows over cuDNN's packed cap run a step of their own), keep its temporaries within a bound linear in T (which
-the layout of one cuDNN sequence per token exceeds), and hold the collectives its mesh implies."""
+every variant, causal-only and packed, on 1 and 8 GPUs. The optimised HLO must call cuDNN's fused
+attention at the model's own widths for every attention (no XLA attention, no dense bias, no
+conditional: rows over cuDNN's packed cap run a step of their own), keep its temporaries within a
+bound linear in T (which the layout of one cuDNN sequence per token exceeds), and hold the
+collectives its mesh implies."""
 from __future__ import annotations
 
 import functools

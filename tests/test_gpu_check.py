@@ -278,4 +278,5 @@ def test_an_unknown_option_is_named_before_anything_runs(args):
                         capture_output=True, text=True, timeout=60)
   assert proc.returncode == 2 and proc.stdout == ""
   assert proc.stderr.strip() == ("error: gpu_check.sh: '--part' is not an option here: give "
-                                 "[--fetch-wheels] or [--job 1|2] [--cpu] [OUT folder], in that order")
+                                 "[--fetch-wheels] or [--job 1|2] [--cpu] [OUT folder], in that "
+                                 "order")

@@ -1,7 +1,7 @@
 """The GPU study command's CPU mode (tools/gpu_study.sh --cpu): a study stopped at its deadline
-exits 0 with a tarball of what it recorded (a refused one exits with the study's status 2); a later call on the same results folder finishes
-and its tarball holds the records, so the command a time-limited GPU job runs cannot rot
-between jobs."""
+exits 0 with a tarball of what it recorded (a refused one exits with the study's status 2); a later
+call on the same results folder finishes and its tarball holds the records, so the command a
+time-limited GPU job runs cannot rot between jobs."""
 from __future__ import annotations
 
 import json
@@ -28,7 +28,8 @@ def gpu_study(tmp_path: Path, seconds: int, *flags: str, status: int = 0) -> tup
   return proc.stdout, names
 
 
-def test_a_study_stopped_at_its_deadline_exits_0_and_a_later_call_finishes_into_the_tarball(tmp_path):
+def test_a_study_stopped_at_its_deadline_exits_0_and_a_later_call_finishes_into_the_tarball(
+    tmp_path):
   file = tmp_path / "tiny_study.py"
   file.write_text(TINY_STUDY.replace("quick_lr_grid=(1e-3, 3e-3),", ""))  # one run, no grid
   # As on the GPU: the cell's seeds as one program of two members (study.py --population; each

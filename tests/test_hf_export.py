@@ -136,7 +136,8 @@ def test_export_imports_back_bitwise(exported):
 def test_refuses_what_the_target_cannot_hold(tmp_path, field, value, needle):
   from diff_transformer.interop import InteropError
   from diff_transformer.interop.export import export_run
-  variant = "diff_v2" if field.startswith("v2_") else "transformer" if field == "head_norm" else "diff"
+  variant = ("diff_v2" if field.startswith("v2_")
+             else "transformer" if field == "head_norm" else "diff")
   config = hf_runs.run_config(variant, **{field: value})
   workdir = tmp_path / "run"
   workdir.mkdir()

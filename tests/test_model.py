@@ -40,7 +40,8 @@ def test_causal(model, forward):
 
 def test_packed_segments_do_not_attend_across(model, forward):
   seg = jnp.asarray([[1] * 6 + [2] * 10, [1] * 3 + [2] * 5 + [3] * 8])
-  pos = jnp.asarray([list(range(6)) + list(range(10)), list(range(3)) + list(range(5)) + list(range(8))])
+  pos = jnp.asarray([list(range(6)) + list(range(10)),
+                     list(range(3)) + list(range(5)) + list(range(8))])
   tok = jax.random.randint(jax.random.key(2), (2, T), 0, 97)
   base = forward(model, tok, pos, seg)
   other = forward(model, tok.at[:, :3].set((tok[:, :3] + 5) % 97), pos, seg)  # only segment 1
@@ -92,7 +93,8 @@ def test_forward_and_grad_finite(variant, dtype):
   assert np.isfinite(float(loss)) and abs(float(loss) - np.log(97)) < 0.5
   leaves = jax.tree.leaves(nnx.state(grads, nnx.Param))
   assert all(bool(jnp.isfinite(g).all()) for g in leaves)
-  assert all(g.dtype == jnp.float32 for g in leaves)  # float32 parameters whatever the compute dtype
+  # float32 parameters whatever the compute dtype
+  assert all(g.dtype == jnp.float32 for g in leaves)
   assert sum(float(jnp.abs(g).sum()) > 0 for g in leaves) == len(leaves)
 
 

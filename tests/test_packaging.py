@@ -40,7 +40,8 @@ def test_the_wheel_installs_every_package_and_the_programs_import_from_it(tmp_pa
   wheel = next((tmp_path / "dist").glob("diff_transformer-*.whl"))
   names = set(zipfile.ZipFile(wheel).namelist())
   missing = [p for p in sorted(source_packages()) if f"{p}/__init__.py" not in names]
-  assert not missing, f"packages missing from the wheel (no __init__.py or not in setup.py): {missing}"
+  assert not missing, ("packages missing from the wheel (no __init__.py or not in setup.py): "
+                       f"{missing}")
   # A fresh venv that sees the installed dependencies but gets the project only from the wheel.
   # The dependencies are wherever this interpreter finds them (a user's venv, or the system
   # interpreter): a .pth in the scratch venv adds those site directories after its own, so the

@@ -1,8 +1,8 @@
 """Fused differential Pallas kernel vs an independent float64 numpy reference (forward + grads).
 
 Interpret mode on CPU. The numpy reference below is written from the formulas (README 'The
-variants', kernels/common.py) with an explicit softmax-Jacobian backward, and is itself checked against
-finite differences. Lowering for TPU/Triton and sharding run in subprocesses (fresh jax).
+variants', kernels/common.py) with an explicit softmax-Jacobian backward, and is itself checked
+against finite differences. Lowering for TPU/Triton and sharding run in subprocesses (fresh jax).
 """
 from __future__ import annotations
 
@@ -69,7 +69,8 @@ def test_numpy_reference_matches_finite_differences():
     _, grads = np_attention(args, do, causal=True, seg=seg_ids)
     for name in grads:
       x = args[name]
-      flat_idx = [(0,) * x.ndim] if x.ndim == 0 else [np.unravel_index(i, x.shape) for i in (0, x.size // 2, x.size - 1)]
+      flat_idx = ([(0,) * x.ndim] if x.ndim == 0
+                  else [np.unravel_index(i, x.shape) for i in (0, x.size // 2, x.size - 1)])
       for idx in flat_idx:
         eps, plus, minus = 1e-6, dict(args), dict(args)
         plus[name], minus[name] = x.copy(), x.copy()
@@ -154,7 +155,8 @@ SHARDED_SCRIPT = textwrap.dedent("""
     from jax.sharding import NamedSharding, PartitionSpec as P
     from diff_transformer.kernels.pallas import attention, sharded_attention
     assert len(jax.devices()) == 4
-    mesh = jax.make_mesh((2, 2), ("data", "model"), axis_types=(jax.sharding.AxisType.Explicit,) * 2)
+    mesh = jax.make_mesh((2, 2), ("data", "model"),
+                         axis_types=(jax.sharding.AxisType.Explicit,) * 2)
     rng = np.random.default_rng(0)
     B, T, N, K, d = 2, 24, 4, 2, 8
     x = lambda *s: jnp.asarray(rng.standard_normal(s), jnp.float32)
@@ -165,7 +167,8 @@ SHARDED_SCRIPT = textwrap.dedent("""
     lam_s = jax.device_put(lam, NamedSharding(mesh, P("data", None, "model")))
     seg_s = jax.device_put(seg, NamedSharding(mesh, P("data", None)))
     fn = sharded_attention(mesh, "data", "model", block_q=8, block_k=8)
-    loss = lambda f: (lambda q1, k1, v, q2, lam, seg: jnp.sum(f(q1, k1, v, q2, None, lam, segment_ids=seg) ** 2))
+    loss = lambda f: (lambda q1, k1, v, q2, lam, seg:
+                      jnp.sum(f(q1, k1, v, q2, None, lam, segment_ids=seg) ** 2))
     with jax.set_mesh(mesh):
       out = jax.jit(lambda *a: fn(*a[:4], None, a[4], segment_ids=a[5]))(*args, lam_s, seg_s)
       grads = jax.jit(jax.grad(loss(fn), argnums=(0, 1, 2, 3, 4)))(*args, lam_s, seg_s)
@@ -173,7 +176,8 @@ SHARDED_SCRIPT = textwrap.dedent("""
     ref_grads = jax.grad(loss(lambda *a, **k: attention(*a, block_q=8, block_k=8, **k)),
                          argnums=(0, 1, 2, 3, 4))(q1, k1, v, q2, lam, seg)
     assert out.sharding.spec == P("data", None, "model", None), out.sharding
-    err = max([float(jnp.abs(out - ref).max())] + [float(jnp.abs(a - b).max()) for a, b in zip(grads, ref_grads)])
+    err = max([float(jnp.abs(out - ref).max())]
+              + [float(jnp.abs(a - b).max()) for a, b in zip(grads, ref_grads)])
     assert err < 1e-5, err
     print("SHARDED_OK", err)
 """)

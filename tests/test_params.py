@@ -1,4 +1,5 @@
-"""Parameter counts of every preset against closed forms written from the papers' formulas (README 'The variants')."""
+"""Parameter counts of every preset against closed forms written from the papers' formulas
+(README 'The variants')."""
 import dataclasses
 
 import pytest
@@ -57,7 +58,8 @@ def test_shared_diff_has_fewer_parameters(counts):
   # At equal D, L, h, d (every Table 3 row), sharing the base Q/K always saves parameters.
   for size in scaling.SHARED_ROWS:
     s = spec(f"shared_diff-{size}")
-    same_shape_diff = dataclasses.replace(s, variant="diff", options=variant_class("diff").Options())
+    same_shape_diff = dataclasses.replace(s, variant="diff",
+                                          options=variant_class("diff").Options())
     assert closed_form(s) < closed_form(same_shape_diff), size
 
 

@@ -3,9 +3,10 @@ stops the run in one line, one writer per workdir, a changed batch size is recor
 after a divergence), and every bad input is one line.
 
 Every program (train.py, eval.py, study.py, sweep.py, export.py, aot_compile.py, prepare_data.py,
-the lm-eval adapter) is started once with bad input: the whole of stderr is one `error:` line,
-exit status 2, no traceback (cli.run). The training library's refusals (workdir, data, config.json, saves) run in-process
-(test_training_runs.train_here) and must be one-line UserErrors, which cli.run prints as that line.
+the lm-eval adapter) is started once with bad input: the whole of stderr is one `error:` line, exit
+status 2, no traceback (cli.run). The training library's refusals (workdir, data, config.json,
+saves) run in-process (test_training_runs.train_here) and must be one-line UserErrors, which cli.run
+prints as that line.
 """
 from __future__ import annotations
 
@@ -302,7 +303,8 @@ PROGRAM_FAULTS = [  # (program, arguments, what the one line says); {tmp}: the t
     ("eval.py", ["--workdir={tmp}/nothing", "--suites=generate", "--max_new_tokens=-3"],
      "--max_new_tokens: must be a positive number of tokens, got -3"),
     ("study.py", ["--quick", "--seeds=0,x", "--root={tmp}/s"], "--seeds: '0,x' is not"),
-    ("sweep.py", ["--sweep={tmp}/bad_sweep.py", "--root={tmp}/r"], "--sweep: {tmp}/bad_sweep.py:2:"),
+    ("sweep.py", ["--sweep={tmp}/bad_sweep.py", "--root={tmp}/r"],
+     "--sweep: {tmp}/bad_sweep.py:2:"),
     # the workdir and the variant are checked before the hf extra is asked for
     ("export.py", ["--workdir={tmp}/nothing", "--out={tmp}/hf"], "{tmp}/nothing"),
     ("aot_compile.py", ["--topology=v5e_2x2"], "--topology: 'v5e_2x2' is neither a TPU topology"),
@@ -313,7 +315,8 @@ PROGRAM_FAULTS = [  # (program, arguments, what the one line says); {tmp}: the t
 ]
 
 
-@pytest.mark.parametrize("program, args, message", PROGRAM_FAULTS, ids=[p[0] for p in PROGRAM_FAULTS])
+@pytest.mark.parametrize("program, args, message", PROGRAM_FAULTS,
+                         ids=[p[0] for p in PROGRAM_FAULTS])
 def test_every_program_ends_bad_input_in_one_line(tmp_path, program, args, message):
   """Each entry point: the whole of stderr is one `error:` line, exit status 2, no traceback."""
   (tmp_path / "bad_sweep.py").write_text(

@@ -49,7 +49,8 @@ def test_censored_pairs_are_bounds_with_a_sign_test_on_the_determined_pairs():
   assert one_sided["bound"] == "<=" and one_sided["earlier"] == 3
   assert one_sided["mean_diff"] == pytest.approx(((350 - 600) + (300 - 400) + (200 - 600)) / 3)
   assert one_sided["p"] == pytest.approx(0.25)  # 3 of 3 earlier: 2 / 2^3
-  exact = paired_censored({1: (300.0, True), 3: (550.0, True)}, {1: (400.0, True), 3: (500.0, True)})
+  exact = paired_censored({1: (300.0, True), 3: (550.0, True)},
+                          {1: (400.0, True), 3: (500.0, True)})
   assert exact["bound"] is None and exact["mean_diff"] == pytest.approx(-25.0)
   # A censored entry is printed as a bound with n and n_determined, never with a t interval.
   entry = dict(one_sided, family="primary", p_holm=0.5)
@@ -73,7 +74,8 @@ def test_report_compares_a_censored_primary_by_sign_test_and_leaves_others_descr
   assert primary["p"] == pytest.approx(0.5) and primary["p_holm"] == pytest.approx(0.5)
   assert compared["noise_share"]["family"] == "secondary" and not math.isnan(
       compared["noise_share"]["p_holm"])
-  assert compared["final_loss"]["family"] == "descriptive" and math.isnan(compared["final_loss"]["p"])
+  assert compared["final_loss"]["family"] == "descriptive"
+  assert math.isnan(compared["final_loss"]["p"])
   assert "p=" not in formatting.diff(compared["final_loss"])
 
 
@@ -137,13 +139,16 @@ def test_the_grid_is_judged_by_the_primary_and_grows_until_bracketed():
   got = lr_grid.tune(study, run_points, floor=0.38)
   assert got["decisions"]["diff"]["bracketed"] and got["chosen"]["diff"] == pytest.approx(1.01e-2)
   # An lr in the middle is bracketed at once; ties go to the smaller lr.
-  mid = {2e-3: [_grid_record(2e-3, 0, True, 80.0, 0.95)], 3e-3: [_grid_record(3e-3, 0, True, 50.0, 0.95)],
+  mid = {2e-3: [_grid_record(2e-3, 0, True, 80.0, 0.95)],
+         3e-3: [_grid_record(3e-3, 0, True, 50.0, 0.95)],
          4.5e-3: [_grid_record(4.5e-3, 0, True, 50.0, 0.95)]}
   decided = lr_grid.decide(study, mid, floor=0.38)
   assert decided["chosen"] == 3e-3 and decided["bracketed"] and decided["extend"] is None
   # More runs reaching the level beats fewer steps.
-  split = {2e-3: [_grid_record(2e-3, 0, True, 90.0, 0.95), _grid_record(2e-3, 1, True, 95.0, 0.95)],
-           3e-3: [_grid_record(3e-3, 0, True, 20.0, 0.95), _grid_record(3e-3, 1, False, 100.0, 0.5)]}
+  split = {2e-3: [_grid_record(2e-3, 0, True, 90.0, 0.95),
+                  _grid_record(2e-3, 1, True, 95.0, 0.95)],
+           3e-3: [_grid_record(3e-3, 0, True, 20.0, 0.95),
+                  _grid_record(3e-3, 1, False, 100.0, 0.5)]}
   assert lr_grid.decide(study, split, floor=0.38)["chosen"] == 2e-3
 
 
@@ -205,7 +210,8 @@ def test_still_rising_counts_the_headroom_and_the_level():
   nearly_done = [(800, 0.98), (1000, 0.997)]  # rose 0.017 but had only 0.02 left
   assert not run_metrics.still_rising(nearly_done, ceiling=1.0)
   assert run_metrics.still_rising([(800, 0.60), (1000, 0.70)], ceiling=1.0)
-  assert not run_metrics.still_rising([(800, 0.50), (1000, 0.52)], ceiling=1.0)  # 4% of the headroom
+  # 4% of the headroom
+  assert not run_metrics.still_rising([(800, 0.50), (1000, 0.52)], ceiling=1.0)
   assert not run_metrics.still_rising([(800, 0.80), (1000, 0.91)], ceiling=1.0, level=0.9)
   assert run_metrics.still_rising([(800, 0.80), (1000, 0.89)], ceiling=1.0, level=0.9)
   assert run_metrics.still_rising([(800, -2.0), (1000, -1.9)])  # a loss still falling: no ceiling
@@ -263,7 +269,8 @@ def test_a_text_study_report_says_what_it_resolves_and_drops_an_ar_hit_split_wit
   assert "From step 20 to step 80 the mean gap" in text
   assert ("**Dropped**" in text) != copies
   assert ("Every run's AR-hit loss is below the n-gram model's (6/6)" in text) == copies
-  assert (tmp_path / "loss_vs_tokens.png").is_file() and not (tmp_path / "loss_vs_size.png").exists()
+  assert (tmp_path / "loss_vs_tokens.png").is_file()
+  assert not (tmp_path / "loss_vs_size.png").exists()
 
 
 def test_a_record_is_reused_only_for_its_setting(tmp_path):
@@ -271,7 +278,8 @@ def test_a_record_is_reused_only_for_its_setting(tmp_path):
   config = study.resolved_config("diff-s0", 3e-3)
   records.write(tmp_path, "diff-s0", dict(variant="diff", seed=0), setting(config))
   assert records.read(tmp_path, "diff-s0", setting(config))["variant"] == "diff"
-  assert records.read(tmp_path, "diff-s0", setting(study.resolved_config("diff-s0", 4.5e-3))) is None
+  other_lr = study.resolved_config("diff-s0", 4.5e-3)
+  assert records.read(tmp_path, "diff-s0", setting(other_lr)) is None
   other = study.with_options(sets=("data.task.num_keys=6",)).resolved_config("diff-s0", 3e-3)
   assert records.read(tmp_path, "diff-s0", setting(other)) is None
   cadence = study.resolved_config("diff-s0", 3e-3)
@@ -385,7 +393,8 @@ def test_a_run_records_its_code_and_a_study_over_two_versions_says_so(tmp_path, 
   versions = run_record.read_code_versions(tmp_path)
   assert [v["step"] for v in versions] == [0, 80] and versions[1]["commit"] == "0" * 40
   # Two runs' records from two commits: the report's first lines say so.
-  runs = [dict(code_versions=[provenance.label(now)]), dict(code_versions=[provenance.label(other)])]
+  runs = [dict(code_versions=[provenance.label(now)]),
+          dict(code_versions=[provenance.label(other)])]
   result = dict(study=dict(code_versions=study_json.code_versions(runs), seeds=[0]), lr_grid={})
   first = preamble.limits(result)[0]
   assert first.startswith("**Runs from 2 code versions**") and "0000000000" in first
@@ -447,7 +456,8 @@ def test_the_table6_study_names_its_cells_pairs_and_lrs():
   for point in ("transformer-s3", "diff-s7", "transformer-lr0.004-s1000"):
     assert setting(table6.get_config(point)) == setting(lm.get_config(point)), point
   m = table6.get_config("transformer@2x64norm-s0").model
-  assert (m.num_heads, m.head_dim, m.transformer.head_norm, m.variant) == (2, 64, True, "transformer")
+  assert (m.num_heads, m.head_dim, m.transformer.head_norm, m.variant) == (
+      2, 64, True, "transformer")
 
 
 def test_a_size_contrast_compares_the_gap_at_one_size_with_the_gap_at_another():
@@ -522,7 +532,8 @@ def test_the_committed_tuned_study_records_every_compared_run_at_its_choice():
               (json.loads(p.read_text()) for p in (folder / "records").glob("*.json"))}
   assert not data["missing"] and set(compared) == {
       (v, s) for v in study.variants for s in study.seeds_of(v)}
-  value_of = {cell: value for c in grid["tuned"].values() for value, cell in c["candidates"].items()}
+  value_of = {cell: value for c in grid["tuned"].values()
+              for value, cell in c["candidates"].items()}
   for (variant, _), record in compared.items():  # at its candidate's value and grid lr
     tuned = grid["tuned"].get(variant)  # a tuned cell: the grid's choice; else its parent
     candidate = tuned["candidate"] if tuned else data["study"]["cells"][variant]["parent"]

@@ -26,7 +26,8 @@ from tests.helpers.studies import TINY_STUDY
 ROOT = Path(__file__).resolve().parents[1]
 DAMAGE = {  # what a damaged record holds -> the words of its warning
     "not_utf8": (b"\xff\xfe\x00{", "not UTF-8 text (byte 0)"),
-    "nested_too_deep": (b"[" * 100_000 + b"]" * 100_000, "damaged JSON (nested too deeply to read)"),
+    "nested_too_deep": (b"[" * 100_000 + b"]" * 100_000,
+                        "damaged JSON (nested too deeply to read)"),
     "huge_integer": (b'{"seed": ' + b"7" * 5000 + b"}", "damaged JSON (Exceeds the limit"),
     "not_an_object": (b"[1, 2, 3]", "a JSON list, not a record"),
     "keys_missing": (b'{"point": "p"}', "missing setting, variant, seed"),
@@ -49,7 +50,8 @@ def test_a_damaged_record_is_named_and_kept_aside_when_rebuilt(tmp_path, capsys,
     words = "missing setting, lr, seed"
   target = records.path(tmp_path, "p", grid)
   target.write_bytes(content)
-  assert records.read(tmp_path, "p", setting(config), grid=grid) is None  # retrained or rebuilt, never trusted
+  # retrained or rebuilt, never trusted
+  assert records.read(tmp_path, "p", setting(config), grid=grid) is None
   out = capsys.readouterr().out
   assert f"warning: {target}: damaged record ({words}" in out and out.count("\n") == 1
   records.write(tmp_path, "p", fields, setting(config), grid=grid)  # the rebuilt record
@@ -110,7 +112,8 @@ def test_what_is_left_to_train_is_timed_at_the_median_run_of_its_own_shape():
   status = {"diff@scale0.1-lr0.00119-s1000": runner.REPORT_ONLY,
             "diff@scale0.1-lr0.00178-s1000": "recorded", "diff@tuned-s0": runner.WAITING,
             "transformer@1-s0": runner.REPORT_ONLY, "diff@L4@tuned-s0": runner.WAITING}
-  two, four = (runner.point_setting(lm_tuned.STUDY, p) for p in ("diff@tuned-s1", "diff@L4@tuned-s1"))
+  two, four = (runner.point_setting(lm_tuned.STUDY, p)
+               for p in ("diff@tuned-s1", "diff@L4@tuned-s1"))
   recorded = [dict(train_seconds=t, setting=two) for t in (300.0, 600.0, 900.0)]
   shape = "d_model=128 num_layers={} seq_len=256 steps=1000"
   assert runner.left_to_train(lm_tuned.STUDY, status, recorded, jobs=2) == (
@@ -128,8 +131,9 @@ def test_a_refusal_names_the_real_holder_and_flag(tmp_path):
   root, results = tmp_path / "root", tmp_path / "results"
   root.mkdir(), results.mkdir()
   with launch.holding(root, "study.py"):
-    with pytest.raises(UserError, match=rf"^--root {re.escape(str(root))}: another study\.py holds it "
-                                        rf"\(pid {os.getpid()} "):
+    with pytest.raises(UserError,
+                       match=rf"^--root {re.escape(str(root))}: another study\.py holds it "
+                             rf"\(pid {os.getpid()} "):
       with launch.holding(root, "sweep.py"):
         pass
   with launch.holding(results, "sweep.py"):  # a study.py whose --results another program holds
@@ -158,11 +162,13 @@ def test_writes_are_atomic_and_a_refused_write_is_one_line(tmp_path, monkeypatch
     raise OSError(28, "No space left on device")
 
   monkeypatch.setattr(os, "replace", killed)
-  with pytest.raises(UserError, match=rf"^{re.escape(str(target))}: could not be written \(No space left on "
-                                      "device\\); the previous version, if any, is unchanged$"):
+  with pytest.raises(UserError, match=rf"^{re.escape(str(target))}: could not be written "
+                                      r"\(No space left on device\); the previous version, if "
+                                      "any, is unchanged$"):
     paths.write_atomic(target, "new and longer")
   monkeypatch.undo()
-  assert target.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["study.json"]
+  assert target.read_text() == "old"
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["study.json"]
 
 
 def test_untracked_code_makes_the_checkout_dirty_and_is_listed(tmp_path):
@@ -319,7 +325,8 @@ def test_committed_studies_rebuild_from_their_records_unchanged(tmp_path, name):
     return [line for line in (folder / "report.md").read_text().splitlines()
             if not line.startswith("This report was rebuilt from the run records")]
   assert report(results) == report(committed)
-  assert (results / "invocations.jsonl").read_bytes() == (committed / "invocations.jsonl").read_bytes()
+  log = "invocations.jsonl"
+  assert (results / log).read_bytes() == (committed / log).read_bytes()
 
 
 def test_a_grid_run_that_failed_before_its_first_step_is_no_result_of_the_grid(tmp_path):

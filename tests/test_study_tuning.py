@@ -86,7 +86,8 @@ def test_an_incomplete_grid_decides_nothing():
   decided, grid = tuning.tune(study, lambda points: {p: r for p, r in fake(points).items()
                                                       if p in done}, math.nan)
   assert "shared_diff@tuned" not in decided.decided_tuned
-  assert decided.is_tuned("shared_diff@tuned") and not grid["tuned"]["shared_diff@tuned"]["complete"]
+  assert decided.is_tuned("shared_diff@tuned")
+  assert not grid["tuned"]["shared_diff@tuned"]["complete"]
 
 
 def test_the_report_of_an_unfinished_grid_marks_what_is_provisional(tmp_path):

@@ -192,7 +192,8 @@ def test_eval_slices_lengthen_rows_that_do_not_fit_and_leave_out_impossible_ones
   """The task suite's slices: a slice whose rows (or needle depth band) do not fit is lengthened
   in steps of 16 to the first length that fits; one the vocabulary cannot hold is left out."""
   from diff_transformer.evaluation import tasks
-  got = lambda s: {k: (v.seq_len, v.num_queries) for k, v in tasks.slices(s, 1024).items()}  # noqa: E731
+  got = lambda s: {k: (v.seq_len, v.num_queries)  # noqa: E731
+                   for k, v in tasks.slices(s, 1024).items()}
   assert got(task(seq_len=64, num_keys=3)) == {
       "trained,keys=3,len=64": (64, 8), "keys=3,len=128": (128, 4), "keys=3,len=256": (256, 4),
       "keys=2,len=64": (64, 2), "keys=4,len=80": (80, 8), "keys=5,len=112": (112, 8)}

@@ -70,7 +70,8 @@ def test_changed_tokenizer_file_is_refused_on_resume(prepared, tmp_path):
   for split in ("train", "val"):  # the padded ids 300..383 never occur in the data
     for shard in meta["splits"][split]["shards"]:
       assert np.fromfile(data / shard["file"], meta["dtype"]).max() < 300
-  assert (tmp_path / "run" / "tokenizer.json").read_bytes() == (data / "tokenizer.json").read_bytes()
+  copied = (tmp_path / "run" / "tokenizer.json").read_bytes()
+  assert copied == (data / "tokenizer.json").read_bytes()
   tok = Tokenizer.from_file(str(data / "tokenizer.json"))
   tok.add_tokens(["castle-of-the-king"])
   tok.save(str(data / "tokenizer.json"))
@@ -100,7 +101,8 @@ def test_tiktoken_file_is_recorded_round_trips_and_is_refused_if_changed(prepare
   assert record["name"] == "tiktoken" and record["encoding"] == "r50k_base"
   assert record["eot_id"] == 50256 and record["vocab_size"] == 50257
   config = base_config().data
-  config.update(dict(name="prepared", path=str(tmp_path / "data"), tokenizer="tiktoken", seq_len=32))
+  config.update(dict(name="prepared", path=str(tmp_path / "data"), tokenizer="tiktoken",
+                     seq_len=32))
   tok = open_dataset(config).tokenizer
   sample = "The king's ghost, at sea: \u00e9t\u00e9 \U0001f642 <|endoftext|>\n"
   assert tok.decode(tok.encode(sample)) == sample

@@ -15,7 +15,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from tests.helpers.runs import (ROOT, STEPS, tiny_flags, train_here, refused_here, env, train_cmd, run, losses, val_losses, assert_one_clear_line, tree_digest, wait_for, logged_step, assert_same_losses)
+from tests.helpers.runs import (ROOT, STEPS, tiny_flags, train_here, refused_here, env, train_cmd,
+                                run, losses, val_losses, assert_one_clear_line, tree_digest,
+                                wait_for, logged_step, assert_same_losses)
+
 
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGKILL"])
 def test_kill_and_resume_is_exact(corpus, reference, tmp_path, sig):

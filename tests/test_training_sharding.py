@@ -166,7 +166,8 @@ UP = [None, "fsdp", "tensor"]  # (layers, embed, mlp) by the rules
 EMB = ["tensor", "fsdp"]  # (vocab, embed)
 
 
-@pytest.mark.parametrize("variant, shape", [(v, m) for v in VARIANTS for m in entry(v).equality_meshes],
+@pytest.mark.parametrize("variant, shape",
+                         [(v, m) for v in VARIANTS for m in entry(v).equality_meshes],
                          ids=lambda x: "x".join(map(str, x)) if isinstance(x, tuple) else x)
 def test_sharded_step_equals_single_device(report, variant, shape):
   r = report["equality"][f"{variant}/{tuple(shape)}"]

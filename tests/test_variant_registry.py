@@ -1,8 +1,8 @@
-"""A fifth variant defined outside the package (tests/helpers/toy_variant.py): registering it is all it
-takes to build its presets, check its config, train, checkpoint and resume, evaluate, and count
-its parameters and FLOPs. The run records it as module:Class, so a fresh process restores it;
-what it cannot do (export) is refused in one line; the test table, the sweeps and the studies
-do not take it silently."""
+"""A fifth variant defined outside the package (tests/helpers/toy_variant.py): registering it is all
+it takes to build its presets, check its config, train, checkpoint and resume, evaluate, and count
+its parameters and FLOPs. The run records it as module:Class, so a fresh process restores it; what
+it cannot do (export) is refused in one line; the test table, the sweeps and the studies do not take
+it silently."""
 from __future__ import annotations
 
 import json
@@ -31,6 +31,7 @@ from diff_transformer.training.metrics import attention_flops_per_token
 from tests.helpers.toy_variant import FIXED_LAMBDA, TOY_PATH, FixedLambdaAttention
 
 ROOT = Path(__file__).resolve().parents[1]
+
 
 @pytest.fixture
 def toy_variant():

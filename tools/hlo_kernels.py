@@ -28,6 +28,7 @@ from diff_transformer.aot.hlo import Hlo  # noqa: E402
 from diff_transformer.errors import UserError  # noqa: E402
 from diff_transformer.files import read_json  # noqa: E402
 
+
 def read_hlo(path: Path) -> Hlo:
   """A saved HLO (gzipped text), or one line saying why the file is not one."""
   if not path.is_file():

@@ -33,7 +33,8 @@ def preset_table() -> str:
     spec = spec_from_config(m)
     c = params.count(spec)
     rows.append(f"| `{name}` | {m.d_model} | {m.num_layers} | {m.num_heads} | {spec.kv_heads} | "
-                f"{m.head_dim} | {m.ffn_dim} | {getattr(spec.options, 'rank', 0) or '-'} | {c['params'] / 1e9:.3f}B | "
+                f"{m.head_dim} | {m.ffn_dim} | {getattr(spec.options, 'rank', 0) or '-'} | "
+                f"{c['params'] / 1e9:.3f}B | "
                 f"{c['non_embedding_params'] / 1e9:.3f}B | {c['paper_params'] / 1e9:.3f}B |")
   return "\n".join(rows)
 
@@ -84,8 +85,9 @@ def aot_table() -> str:
          "| total GiB / HBM | status |", "|---|---|---|---|---|---|---|"]
   for r in rows:
     m = r["mesh"]
-    status = ("fits" if r["fits"] else f"OOM (largest batch/chip that fits: "
-              f"{r.get('largest_fitting_per_device_batch', '?')})") if r["compiled"] else r["error"][:60]
+    largest = r.get('largest_fitting_per_device_batch', '?')
+    status = (("fits" if r["fits"] else f"OOM (largest batch/chip that fits: {largest})")
+              if r["compiled"] else r["error"][:60])
     out.append(f"| `{r['preset']}` | {m['data']}, {m['fsdp']}, {m['tensor']} | "
                f"{r['per_device_batch']} x {r['seq_len']} | {r['argument_gib']:.2f} | "
                f"{r['temp_gib']:.2f} | {r['total_gib']:.2f} / {r['hbm_gib']:.0f} | {status} |")
@@ -168,10 +170,11 @@ def throughput_table() -> str:
   loads = [x for r in d["results"] for x in r["load_average_per_round"]]
   out = [f"{d['device']} x{d['devices']} ({d['cpu_count']} cores, host `{d['host']}`), D="
          f"{a['d_model']}, {a['layers']} layers, head width {a['head_dim']}, batch {a['batch']}, "
-         f"parameter-matched by FFN width, kernel `{a['kernel']}`; {a['rounds']} interleaved rounds "
-         f"of {a['steps']} steps; 1-minute load average {min(loads):.1f}-{max(loads):.1f} during "
-         f"the run; peak {d['peak_tflops_per_device']:.3f} TFLOP/s per device "
-         f"({d['peak_source']}); {d['seconds'] / 60:.0f} minutes. Ratio = tokens/s over the "
+         f"parameter-matched by FFN width, kernel `{a['kernel']}`; {a['rounds']} interleaved "
+         f"rounds of {a['steps']} steps; 1-minute load average "
+         f"{min(loads):.1f}-{max(loads):.1f} during the run; peak "
+         f"{d['peak_tflops_per_device']:.3f} TFLOP/s per device ({d['peak_source']}); "
+         f"{d['seconds'] / 60:.0f} minutes. Ratio = tokens/s over the "
          "Transformer's in the same round: median [min-max] over rounds.", "",
          "| variant | T | params | train tok/s | train ratio | forward tok/s | forward ratio "
          "| MFU | HFU |", "|---|---|---|---|---|---|---|---|---|"]

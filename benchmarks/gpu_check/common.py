@@ -87,7 +87,8 @@ class Record:
     self.path = run.out / f"gpu_check_{run.stage}{run.options.tag}.json"
     device = jax.devices()[0]
     self.data = dict(stage=run.stage, device=f"{device.platform}:{device.device_kind}",
-                     driver=nvidia_smi().get("driver_version") if device.platform == "gpu" else None,
+                     driver=(nvidia_smi().get("driver_version") if device.platform == "gpu"
+                             else None),
                      versions=versions(), xla_flags=os.environ.get("XLA_FLAGS", ""),
                      host=platform.node(), started=time.time(), **fields, cells=[])
     self.write()

@@ -87,7 +87,8 @@ def host_inputs(p, rng, packed: bool):
     if s is None:
       args[name] = None
     elif name == "lam":
-      lam = rng.uniform(0.2, 0.8, s.shape) if s.shape == () else 1 / (1 + np.exp(-rng.standard_normal(s.shape)))
+      lam = (rng.uniform(0.2, 0.8, s.shape) if s.shape == ()
+             else 1 / (1 + np.exp(-rng.standard_normal(s.shape))))
       args[name] = np.asarray(lam, np.float32).astype(np.float64)
     else:
       args[name] = bf16_exact(rng.standard_normal(s.shape))
@@ -253,7 +254,8 @@ def worst_table(cells: list[dict]) -> dict:
   for c in cells:
     if "path" not in c or "skipped" in c:  # a group the cap skipped, or cuDNN refused
       continue
-    slot = table.setdefault(c["path"], {}).setdefault(c["dtype"], dict(worst=0.0, cells=0, failed=0))
+    slot = table.setdefault(c["path"], {}).setdefault(c["dtype"],
+                                                     dict(worst=0.0, cells=0, failed=0))
     if "worst" in c:
       slot["worst"] = max(slot["worst"], c["worst"])
       slot["cells"] += 1

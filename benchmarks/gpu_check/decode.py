@@ -29,6 +29,7 @@ COMMAND_BUFFERS = {
               "DYNAMIC_SLICE_FUSION,WHILE,CONDITIONAL", "xla_gpu_graph_min_graph_size": 1},
 }
 
+
 def stage_decode(stage: StageRun) -> None:
   """Prefill (model.prefill) then greedy decoding (model.decode), one jitted call per
   token with the cache donated (updated in place); tokens/s = batch x new tokens / seconds. The

@@ -83,7 +83,8 @@ def import_all() -> dict:
     try:
       importlib.import_module(module.name)
     except ModuleNotFoundError as e:
-      (no_extra if e.name and e.name.split(".")[0] in HF_EXTRA else failed)[module.name] = error_text(e)
+      hf_only = e.name and e.name.split(".")[0] in HF_EXTRA
+      (no_extra if hf_only else failed)[module.name] = error_text(e)
     except Exception as e:  # recorded
       failed[module.name] = error_text(e)
   return dict(modules=count, failed=failed, hf_extra_missing=no_extra)

@@ -192,7 +192,8 @@ def _time_group(ready: dict, compiled: dict, states: dict, rounds: int, steps: i
   for i, r in ((i, ready[i]) for i in calls):
     step_s = float(np.median(times[i]))
     r.update(step_s=spread(times[i]), tokens_per_s=r["batch"] * r["T"] / step_s,
-             mfu=r["model_flops"] / step_s / peak_flops, hfu=r["executed_flops"] / step_s / peak_flops,
+             mfu=r["model_flops"] / step_s / peak_flops,
+             hfu=r["executed_flops"] / step_s / peak_flops,
              last_loss=losses[i])
     if base is not None:
       r["tokens_per_s_vs_transformer"] = spread([b / t for t, b in zip(times[i], times[base])])
@@ -208,7 +209,8 @@ def train_summary(cells: list[dict]) -> list[dict]:
 
 def _orbax_check(trainer, step, state, data) -> dict:
   """Save, take two steps; restore, take the same two; and the same two again from a copy."""
-  folder = Path(tempfile.mkdtemp(prefix="gpu_check_ckpt_", dir="/dev/shm" if Path("/dev/shm").is_dir() else None))
+  shm = "/dev/shm" if Path("/dev/shm").is_dir() else None
+  folder = Path(tempfile.mkdtemp(prefix="gpu_check_ckpt_", dir=shm))
   try:
     second = jax.tree.map(lambda x: jnp.roll(x, 1, axis=0) if x.ndim else x, data)
 

@@ -25,11 +25,12 @@ parameter-matched to the Transformer at its width and each with its own lr grid 
   (configs/studies/lm_tuned.py) chose for DIFF V1 on its grid seeds at D=128 and 2 layers, this
   study's setting (0.1 and 0.2 within 0.001 there; at 4 layers it chose 0.1).
 
-Primary, named before any run, four pairs: DIFF V1, DIFF V2 and DIFF V1 at scale 0.2 against
-the Transformer, and DIFF without its norm against DIFF; each the per-seed gap in whole-split
-validation loss at D=512 minus the gap at D=128 (`loss@512-128`: negative when a gains on b
-with width), 8 seeds, Holm over the four (smallest Holm p 4 x 2/256 = 0.031). Each grid is judged by that same whole-split loss (grid_by_primary). The D=128 cells
-repeat the committed CPU LM study's setting and seeds, so the two can be set side by side.
+Primary, named before any run, four pairs: DIFF V1, DIFF V2 and DIFF V1 at scale 0.2 against the
+Transformer, and DIFF without its norm against DIFF; each the per-seed gap in whole-split validation
+loss at D=512 minus the gap at D=128 (`loss@512-128`: negative when a gains on b with width), 8
+seeds, Holm over the four (smallest Holm p 4 x 2/256 = 0.031). Each grid is judged by that same
+whole-split loss (grid_by_primary). The D=128 cells repeat the committed CPU LM study's setting and
+seeds, so the two can be set side by side.
 
 Not yet run: it is sized for a GPU, where `--population` trains each cell's seeds in one
 program: 8 seeds x 6 cells x 3 widths = 144 compared runs plus 108 grid runs (3 lrs x 2 grid

@@ -5,8 +5,8 @@ on a CPU machine: nothing runs, nothing needs the accelerator.
   `jax.experimental.topologies.get_topology_desc`.
 - GPU (`h100:8`, `h200:8`, `h100:2x8`): jax's CUDA plugin (the `gpu-aot` extra) compiles for
   compile-only devices described by the project's target configs (aot/gpu.py), with jax's cuDNN
-  entry answered as on that GPU (kernels/cudnn_layout.py `deviceless`); the optimised HLO's kernels are
-  read back (aot/hlo.py).
+  entry answered as on that GPU (kernels/cudnn_layout.py `deviceless`); the optimised HLO's
+  kernels are read back (aot/hlo.py).
 
 `compiled.memory_analysis()` then gives the per-device memory of the real executable.
 """
@@ -102,13 +102,15 @@ def topology_devices(topology: str):
   if not TOPOLOGY_NAME.fullmatch(topology):
     raise AotError(f"--topology: '{topology}' is not a TPU topology name like v5e:2x2, "
                    "v5p:4x4x4 or v6e:16x16 (generation:chips per dimension)")
-  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # libtpu's lock would bar a second compiler
+  # libtpu's lock would bar a second compiler
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   try:
     from jax.experimental import topologies
     return topologies.get_topology_desc(platform="tpu", topology_name=topology).devices
   except Exception as e:  # noqa: BLE001 - libtpu missing or an unknown name: one clear line
-    raise AotError(f"--topology: cannot get TPU topology '{topology}' ({first_line(e)}); install the "
-                       "tpu extra (pip install -e '.[tpu]') and use names like v5e:2x2, v5p:4x4x4")
+    raise AotError(f"--topology: cannot get TPU topology '{topology}' ({first_line(e)}); "
+                   "install the tpu extra (pip install -e '.[tpu]') and use names like v5e:2x2, "
+                   "v5p:4x4x4")
 
 
 def for_target(where: Target):
@@ -169,7 +171,8 @@ def compile_train_step(config: ml_collections.ConfigDict, topology: str | Target
   result.total_gib = peak_bytes(mem) / GIB
   if where.platform == "gpu":
     result.kernels = inventory.inventory(Hlo(compiled.as_text()))
-    margin = gpu_targets.FIXED_MARGIN_BYTES + result.kernels["cudnn"]["largest_dq_accumulator_bytes"]
+    dq_bytes = result.kernels["cudnn"]["largest_dq_accumulator_bytes"]
+    margin = gpu_targets.FIXED_MARGIN_BYTES + dq_bytes
     result.margin_gib = margin / GIB
   result.fits = not result.usable_gib or result.total_gib + result.margin_gib <= result.usable_gib
   return result

@@ -6,7 +6,8 @@ compiles for devices described by a GpuTargetConfigProto (`target_config`, below
 JAX_PLATFORMS=cpu: `jax.experimental.topologies.get_topology_desc(platform="cuda", ...)` gives
 compile-only devices; a program compiled for them gives its memory analysis and optimised HLO.
 What the compile cannot see: cuDNN's workspace (the cuDNN graph is built on the device at run
-time) and autotuning (nothing is measured), so a fit keeps a margin for them (FIXED_MARGIN_BYTES plus the modelled dQ accumulator).
+time) and autotuning (nothing is measured), so a fit keeps a margin for them (FIXED_MARGIN_BYTES
+plus the modelled dQ accumulator).
 """
 from __future__ import annotations
 
@@ -54,7 +55,8 @@ GPUS = {
     "h200": Gpu("NVIDIA H200", 143771 * MIB, 4.8e12),
 }
 # <gpu>:<gpus per node> or <gpu>:<nodes>x<gpus per node>, e.g. h100:8, h200:1, h100:2x8.
-TOPOLOGY = re.compile(r"(?P<gpu>[a-z][a-z0-9]*):(?:(?P<nodes>[1-9][0-9]*)x)?(?P<per_node>[1-9][0-9]*)")
+TOPOLOGY = re.compile(
+    r"(?P<gpu>[a-z][a-z0-9]*):(?:(?P<nodes>[1-9][0-9]*)x)?(?P<per_node>[1-9][0-9]*)")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -22,6 +22,8 @@ NO_KERNEL = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "
 DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "s16": 2, "u16": 2,
                "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8}
 ARRAY = re.compile(r"\b(?P<dtype>[a-z][a-z0-9]*)\[(?P<dims>[0-9,]*)\]")
+
+
 def arrays(shape: str) -> list[tuple[str, list[int]]]:
   """(dtype, dims) of each array in an HLO shape (a tuple shape gives several)."""
   return [(m["dtype"], [int(d) for d in m["dims"].split(",") if d])
@@ -135,7 +137,6 @@ class Hlo:
     return dict(hlo_op=name, opcode=inst["opcode"], kind=inst["kind"], shape=inst["shape"],
                 ops=dict(ops.most_common()), sources=[s for s, _ in sources.most_common()],
                 op_name=inst["op_name"])
-
 
   def launches(self) -> list[dict]:
     """Per loop body (a while's, e.g. the scanned layers: once per layer) and for the entry

@@ -41,6 +41,7 @@ def _callees(hlo: Hlo, name: str) -> list[tuple[str, int]]:
     return [(n, 1) for n in names]
   return []
 
+
 def launches_per_step(hlo: Hlo) -> list[tuple[str, float, tuple]]:
   """(instruction, executions per step, the conditional branches it sits in as
   ((conditional, branch index), ...)) for every instruction that launches a kernel."""
@@ -62,6 +63,7 @@ def launches_per_step(hlo: Hlo) -> list[tuple[str, float, tuple]]:
     walk(hlo.entry, 1.0, ())
   return out
 
+
 def _dots(hlo: Hlo, computation: str, seen: frozenset = frozenset()) -> list[str]:
   """The dot instructions of a computation and of the computations it calls."""
   out = []
@@ -72,6 +74,7 @@ def _dots(hlo: Hlo, computation: str, seen: frozenset = frozenset()) -> list[str
     if inst["callee"] and inst["callee"] not in seen:
       out += _dots(hlo, inst["callee"], seen | {computation})
   return out
+
 
 def dot_flops(hlo: Hlo, name: str) -> tuple[int, list[int], int]:
   """(FLOPs, result dims, contracting size) of one dot: 2 x result elements x contraction."""
@@ -84,10 +87,12 @@ def dot_flops(hlo: Hlo, name: str) -> tuple[int, list[int], int]:
   contraction = math.prod(lhs[d] for d in dims if d < len(lhs))
   return 2 * math.prod(result) * contraction, result, contraction
 
+
 def _operand_bytes(hlo: Hlo, name: str) -> int:
   inst = hlo.instructions[name]
   return sum(shape_bytes(hlo.instructions[o]["shape"])
              for o in operands(inst["rest"], inst["opcode"]) if o in hlo.instructions)
+
 
 def moved_bytes(hlo: Hlo, name: str) -> int:
   """The bytes a launched instruction reads and writes in device memory. In a fusion, an
@@ -127,10 +132,11 @@ def moved_bytes(hlo: Hlo, name: str) -> int:
       written += shape_bytes(made["shape"])
   return read + written
 
+
 def kernel(hlo: Hlo, name: str) -> dict:
-  """One launched instruction: its class (cudnn, pallas, gemm, xla_attention, collective, other), the
-  FLOPs it executes (cuDNN and GEMMs), the bytes it reads and writes, and for a cuDNN call its
-  kind, q/k/v widths, heads, mask and cuDNN batch."""
+  """One launched instruction: its class (cudnn, pallas, gemm, xla_attention, collective,
+  other), the FLOPs it executes (cuDNN and GEMMs), the bytes it reads and writes, and for a cuDNN
+  call its kind, q/k/v widths, heads, mask and cuDNN batch."""
   inst = hlo.instructions[name]
   rest, opcode = inst["rest"], inst["opcode"]
   moved = moved_bytes(hlo, name)
@@ -162,6 +168,7 @@ def _done_shape(hlo: Hlo, name: str) -> str | None:
       return inst["shape"]
   return None
 
+
 def _fmha(hlo: Hlo, rest: str, target: str) -> dict:
   kind = target.removeprefix("__cudnn$fmha")
   layouts = LAYOUTS.search(rest)
@@ -183,6 +190,7 @@ def _fmha(hlo: Hlo, rest: str, target: str) -> dict:
               # cudnn-frontend's dQ accumulator: cuDNN's batch (rows x sequences per row)
               # x heads x T x d, float32 (read from its source, not seen on a GPU)
               dq_accumulator_bytes=4 * batch * max(segments, 1) * heads * seq * d_qk)
+
 
 def inventory(hlo: Hlo) -> dict:
   """What one step launches, per class: calls per step, FLOPs and bytes; the cuDNN calls by
@@ -221,6 +229,7 @@ def inventory(hlo: Hlo) -> dict:
               cudnn=dict(calls=list(fmha.values()), largest_dq_accumulator_bytes=max(
                   (r["dq_accumulator_bytes"] for r in fmha.values() if r["backward"]),
                   default=0)))
+
 
 def _untaken_branches(hlo: Hlo, launches, info) -> set:
   """(conditional, branch) pairs not counted: all but one branch per conditional, the one

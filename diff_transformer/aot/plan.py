@@ -68,7 +68,8 @@ def plan_on_nodes(config: ml_collections.ConfigDict, topology: str) -> dict:
   nodes = gpu_targets.parse(topology)
   out: dict = dict(topology=topology, plans=[])
   for count in (nodes.nodes, 2 * nodes.nodes):
-    name = f"{nodes.kind}:{count}x{nodes.per_node}" if count > 1 else f"{nodes.kind}:{nodes.per_node}"
+    name = (f"{nodes.kind}:{count}x{nodes.per_node}" if count > 1
+            else f"{nodes.kind}:{nodes.per_node}")
     result = plan(for_gpus(config), aot.target(name, nodes.gpu.launch_fraction))
     out["plans"].append(dict(topology=name, **result))
     if result["chosen"] is not None:

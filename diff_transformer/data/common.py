@@ -63,7 +63,6 @@ def atomic_dir(final: Path, replace: bool = False) -> Iterator[Path]:
     raise
 
 
-
 def read_utf8(path: Path) -> str:
   try:
     return path.read_bytes().decode("utf-8")
@@ -72,7 +71,8 @@ def read_utf8(path: Path) -> str:
 
 
 def jsonl_records(path: Path) -> Iterator[tuple[int, object]]:
-  """(line number, parsed record) of each non-blank line; bad UTF-8 or JSON is one DataError line."""
+  """(line number, parsed record) of each non-blank line; bad UTF-8 or JSON is one DataError
+  line."""
   for lineno, line in enumerate(read_utf8(path).splitlines(), 1):
     if not line.strip():
       continue

@@ -5,8 +5,8 @@ A split is a list of shards. Each shard is a self-contained framed stream of who
   <split>-NNNNN.idx.npy   int64 offsets of its eot ids (its documents + 1 entries)
 so no document crosses a shard boundary and a reader maps one file per shard. Each shard's
 metadata entry records its largest id (`max_id`, checked against the vocabulary whenever the data
-is opened) and the sha256 of its .bin (`sha256`, compared by `prepare_data.py --verify`). A shard closes
-once its stream reaches `shard_tokens` (a single longer document makes one larger shard).
+is opened) and the sha256 of its .bin (`sha256`, compared by `prepare_data.py --verify`). A shard
+closes once its stream reaches `shard_tokens` (a single longer document makes one larger shard).
 Directories prepared before sharding (one `<split>.bin` per split, metadata format 1) read as a
 split of one shard.
 """

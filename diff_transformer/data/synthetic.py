@@ -38,6 +38,8 @@ def no_text_tokenizer(task: str, workdir) -> str:
   """Why a text-only program (export, lm-eval) refuses a run trained on a synthetic task."""
   return (f"trained on the synthetic task '{task}', which has no text tokenizer; evaluate it "
           f"with `python eval.py --workdir {workdir}`")
+
+
 NUM_SPECIAL = 4
 FILLERS = {"mqar": ("random", "blank"), "needle": ("random",)}
 SPLIT_CODES = {"train": 1, "val": 2}

@@ -10,6 +10,7 @@ TaskSpec = Any  # data/synthetic.TaskSpec (that module imports this one)
 
 PAD, BLANK, NEEDLE, QUERY = 0, 1, 2, 3  # the special ids (data/synthetic.py)
 
+
 def distinct(rng: np.random.Generator, rows: int, pool: tuple[int, int], k: int) -> np.ndarray:
   """[rows, k] distinct ids per row from the pool (first k of a random permutation)."""
   start, size = pool
@@ -28,7 +29,8 @@ def mqar_rows(s: TaskSpec, rng: np.random.Generator, rows: int) -> dict[str, np.
   b = np.arange(rows)[:, None]
   if s.compositional:
     g = s.num_keys
-    key1 = distinct(rng, rows, pools["key1"], g)[:, np.repeat(np.arange(g), g)]  # pair p = (p//g, p%g)
+    # pair p = (p//g, p%g)
+    key1 = distinct(rng, rows, pools["key1"], g)[:, np.repeat(np.arange(g), g)]
     key2 = distinct(rng, rows, pools["key2"], g)[:, np.tile(np.arange(g), g)]
     keys = [key1, key2]
   else:

@@ -28,7 +28,8 @@ TASK_SUITES = ("task", "attention", "loss", "outliers")
 
 @dataclasses.dataclass
 class Settings:
-  """Suite sizes; `for_mode(quick=True)` runs every suite in a couple of CPU minutes (default run)."""
+  """Suite sizes; `for_mode(quick=True)` runs every suite in a couple of CPU minutes (default
+  run)."""
   quick: bool = False
   seed: int = 0
   batch_size: int = 8  # rows per forward pass (loss, outliers, needle and ICL prompts)

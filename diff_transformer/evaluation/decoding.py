@@ -2,8 +2,9 @@
 constrained scoring of a fixed candidate set (ICL labels).
 
 Prompts of different lengths share one batch: they are right-padded, prefilled in one call with
-their true lengths (model.prefill), then extended one token per call (model.decode). Shapes are bucketed (cache
-length to a multiple of 64, rows to a power of two) so a suite compiles only a few programs.
+their true lengths (model.prefill), then extended one token per call (model.decode). Shapes are
+bucketed (cache length to a multiple of 64, rows to a power of two) so a suite compiles only a few
+programs.
 """
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Multi-needle retrieval (protocol in docs/evaluation.md): city -> magic-number needles in real held-out text.
+"""Multi-needle retrieval (protocol in docs/evaluation.md): city -> magic-number needles in real
+held-out text.
 
 A sample of `length` tokens holds N needles "The magic number for <city> is <number>." inserted at
 line boundaries of a held-out haystack; R of them are asked for. The first asked ("answer")
@@ -151,7 +152,8 @@ def build_sample(haystack: Haystack, length: int, num_needles: int, num_queries:
                         i in queried, i == 0)
     context += needle_toks[i]
   context += hay[cursor:]
-  queries = [(cities[i], numbers[i], context + query_sep + tok.encode(NEEDLE.format(city=cities[i])))
+  queries = [(cities[i], numbers[i],
+              context + query_sep + tok.encode(NEEDLE.format(city=cities[i])))
              for i in queried]
   needles = [placed[i] for i in range(num_needles)]
   sample = Sample(context, needles, queries, depth, length, answer_tokens)

@@ -28,8 +28,8 @@ def run(model, val_batches: list[dict], tokenizer, texts: list[str], settings, o
     acc = needle.evaluate(samples, generate_fn, tokenizer)
     rows[name] = dict(loss=val, needle_accuracy=float(np.mean(list(
         next(iter(next(iter(acc.values())).values())).values()))))
-    print(f"  quantization {name:>4} bits: loss {val:.4f}  needle {rows[name]['needle_accuracy']:.2f}",
-          flush=True)
+    needle_acc = rows[name]['needle_accuracy']
+    print(f"  quantization {name:>4} bits: loss {val:.4f}  needle {needle_acc:.2f}", flush=True)
   full = rows["full"]["loss"]
   for row in rows.values():
     row["loss_change"] = row["loss"] - full

@@ -9,6 +9,7 @@ from diff_transformer.errors import EvalError, first_line
 from diff_transformer.files import read_json
 from diff_transformer.runs.folder import EVAL_REPORT, RunFolder
 
+
 def metrics(name: str, r: dict) -> dict[str, object]:
   """The suite's key numbers, flat (one row each in the report and the comparison table)."""
   if name == "loss":
@@ -192,8 +193,8 @@ def _overlays(runs: dict[str, dict], out_dir: Path) -> list[str]:
   have = lambda s: {n: r[s] for n, r in runs.items() if s in r}
   plots = []
   if have("long_context"):
-    plots.append(long_context.plot({n: r["cumulative_nll"] for n, r in have("long_context").items()},
-                                   out_dir / "long_context.png"))
+    nll = {n: r["cumulative_nll"] for n, r in have("long_context").items()}
+    plots.append(long_context.plot(nll, out_dir / "long_context.png"))
   if have("quantization"):
     plots.append(quantization.plot({n: r["by_bits"] for n, r in have("quantization").items()},
                                    out_dir / "quantization.png"))

@@ -40,7 +40,8 @@ def slices(spec: synthetic.TaskSpec, max_len: int) -> dict[str, synthetic.TaskSp
   T = spec.seq_len
   if spec.name == "mqar":
     # Longer rows spread their queries uniformly (query_power 1) over the longer query region.
-    options: list[dict[str, Any]] = [dict(), dict(seq_len=2 * T, query_power=1.0), dict(seq_len=4 * T, query_power=1.0)]
+    options: list[dict[str, Any]] = [dict(), dict(seq_len=2 * T, query_power=1.0),
+                                     dict(seq_len=4 * T, query_power=1.0)]
     options += [dict(num_keys=k) for k in (spec.num_keys - 1, spec.num_keys + 1,
                                            spec.num_keys + 2)]
   else:

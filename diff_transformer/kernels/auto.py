@@ -4,14 +4,15 @@
   measured length (T = 256 to 1024); the dot_product_attention layout ('cudnn' run through XLA)
   was 2.5-4x slower there and Pallas only runs interpreted on CPU.
 - GPU (measured on an NVIDIA H200 with jax 0.11.2, benchmarks/results/gpu_check_kernels.json,
-  gpu_check_kernels_long.json and gpu_check_train.json): cuDNN's fused flash attention wherever it takes the shapes: bfloat16 /
-  float16 and a common q/k/v width (after cudnn.py pads q and k to the value width) that is a
-  multiple of 8 and at most 256 on Hopper and later (compute capability 9.0+), 128 before, the
-  limits jax's cuDNN path checks. At the 830M heads, T = 2048, forward+backward: cuDNN took 1.34
-  ms for the Transformer against 2.39 for the fused Pallas (Triton) kernel, 2.81 against 6.52
-  for DIFF V1 (values 192 wide, q/k padded to 192), 2.62 against 5.60 for DIFF V2; the DIFF V1
-  train step ran 7.6% faster through cuDNN. At T = 4096 and 8192 cuDNN stayed fastest for every
-  variant (DIFF V1: 4.50 against 9.70 ms, 7.79 against 17.81). Elsewhere (float32, wider heads) the Pallas kernel.
+  gpu_check_kernels_long.json and gpu_check_train.json): cuDNN's fused flash attention wherever it
+  takes the shapes: bfloat16 / float16 and a common q/k/v width (after cudnn.py pads q and k to the
+  value width) that is a multiple of 8 and at most 256 on Hopper and later (compute capability
+  9.0+), 128 before, the limits jax's cuDNN path checks. At the 830M heads, T = 2048,
+  forward+backward: cuDNN took 1.34 ms for the Transformer against 2.39 for the fused Pallas
+  (Triton) kernel, 2.81 against 6.52 for DIFF V1 (values 192 wide, q/k padded to 192), 2.62 against
+  5.60 for DIFF V2; the DIFF V1 train step ran 7.6% faster through cuDNN. At T = 4096 and 8192 cuDNN
+  stayed fastest for every variant (DIFF V1: 4.50 against 9.70 ms, 7.79 against 17.81). Elsewhere
+  (float32, wider heads) the Pallas kernel.
 - TPU (by rule, not measured here): the fused Pallas (Mosaic) kernel.
 - A population's step (members vmapped, `population_members`): the Pallas kernel on a GPU too.
 An explicit mask (KV-cache decoding) always takes 'xla': the fused kernels take causal and

@@ -3,7 +3,7 @@
 Kernel contract (every implementation in this package follows it):
 
     out[b, t, n] = softmax(scale * q1[b, t, n] . k1[b, :, g(n)] + mask) @ v[b, :, g(n)]
-                 - lam[b, t, n] * softmax(scale * q2[b, t, n] . k2[b, :, g(n)] + mask) @ v[b, :, g(n)]
+      - lam[b, t, n] * softmax(scale * q2[b, t, n] . k2[b, :, g(n)] + mask) @ v[b, :, g(n)]
 
 with g(n) = n // (N // K) (contiguous GQA groups), softmax in float32, output in q1's dtype.
 Shapes: B batch, T query and S key positions, N query heads, K kv heads, H head width.
@@ -25,16 +25,19 @@ Array = jax.Array
 
 def check_shapes(q1, k1, v, q2, k2, lam) -> None:
   if q1.ndim != 4 or k1.ndim != 4 or v.ndim != 4:
-    raise ValueError(f"attention: q, k, v must be [B, T, N, H]; got {q1.shape}, {k1.shape}, {v.shape}")
+    raise ValueError(f"attention: q, k, v must be [B, T, N, H]; got {q1.shape}, {k1.shape}, "
+                     f"{v.shape}")
   num_heads, num_kv = q1.shape[2], k1.shape[2]
   if num_heads % num_kv:
-    raise ValueError(f"attention: query heads ({num_heads}) must be a multiple of kv heads ({num_kv})")
+    raise ValueError(f"attention: query heads ({num_heads}) must be a multiple of kv heads "
+                     f"({num_kv})")
   if v.shape[:3] != k1.shape[:3]:
     raise ValueError(f"attention: values {v.shape} do not match keys {k1.shape} in B, S, K")
   if q2 is not None and q2.shape != q1.shape:
     raise ValueError(f"attention: q2 {q2.shape} must match q1 {q1.shape}")
   if k2 is not None and (k2.shape != k1.shape or q2 is None):
-    raise ValueError(f"attention: k2 {None if k2 is None else k2.shape} needs q2 and k1's shape {k1.shape}")
+    raise ValueError(f"attention: k2 {None if k2 is None else k2.shape} needs q2 and k1's shape "
+                     f"{k1.shape}")
   if (lam is None) != (q2 is None):
     raise ValueError("attention: lam must be given exactly when q2 is (the differential case)")
 

@@ -2,5 +2,6 @@
 
 `python -m diff_transformer.lm_eval --model_args workdir=RUN[,step=N,batch_size=B] --tasks ...`
 registers the model and hands every other flag to lm-eval's own command line. Importing
-`diff_transformer.lm_eval.model` registers it for `lm_eval.simple_evaluate(model="diff_transformer")`.
+`diff_transformer.lm_eval.model` registers it for
+`lm_eval.simple_evaluate(model="diff_transformer")`.
 """

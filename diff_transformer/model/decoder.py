@@ -1,4 +1,5 @@
-"""The decoder shared by all variants: embed -> L pre-norm blocks (scanned) -> RMSNorm -> LM head."""
+"""The decoder shared by all variants: embed -> L pre-norm blocks (scanned) -> RMSNorm -> LM
+head."""
 from __future__ import annotations
 
 import jax

@@ -86,7 +86,8 @@ class RunFolder:
     """Every row of the metrics log, in order (empty before the first)."""
     if not self.metrics.is_file():
       return []
-    return read_jsonl(self.metrics, kind="metrics log")  # a torn last line (a writer killed mid-line) is skipped
+    # A torn last line (a writer killed mid-line) is skipped.
+    return read_jsonl(self.metrics, kind="metrics log")
 
   def read_eval(self, suite: str) -> dict | None:
     """A suite's result, or None if it was never evaluated."""

@@ -1,9 +1,9 @@
 """One training run per workdir: the workdir is checked and locked before any expensive work.
 
-The lock is the run folder's lock file (runs/folder.py), held with flock for the run's lifetime (the kernel releases it
-when the process dies, even by kill -9) and holding the owner's pid, host and start time for the
-message a second writer gets. A lock file whose flock is free is stale (its run died): it is
-taken over with a one-line notice. Readers (eval.py) never lock.
+The lock is the run folder's lock file (runs/folder.py), held with flock for the run's lifetime
+(the kernel releases it when the process dies, even by kill -9) and holding the owner's pid, host
+and start time for the message a second writer gets. A lock file whose flock is free is stale
+(its run died): it is taken over with a one-line notice. Readers (eval.py) never lock.
 """
 from __future__ import annotations
 

@@ -32,7 +32,6 @@ from diff_transformer.model.attention import VARIANTS, known_variant, nested
 from diff_transformer.tree import flatten
 
 
-
 def write_run_record(workdir: Path, config: ml_collections.ConfigDict, dataset) -> None:
   """Writes config.json and the tokenizer record (process 0 only)."""
   if jax.process_index() != 0:
@@ -44,7 +43,8 @@ def write_run_record(workdir: Path, config: ml_collections.ConfigDict, dataset) 
   # produced by the data, recorded so an export or a reader knows which ids are real.
   record["vocab_padding"] = int(config.model.vocab_size) - record["vocab_size"]
   (workdir / run_folder.TOKENIZER_RECORD).write_text(json.dumps(record, indent=2) + "\n")
-  for name in run_folder.TOKENIZER_COPIES:  # whichever the data's tokenizer keeps (bpe, file, tiktoken)
+  # whichever the data's tokenizer keeps (bpe, file, tiktoken)
+  for name in run_folder.TOKENIZER_COPIES:
     source = Path(dataset.path) / name
     if record["name"] != "byte" and source.is_file():
       shutil.copyfile(source, workdir / name)

@@ -5,4 +5,5 @@ from diff_transformer.study.definition import PAPER_VARIANTS, Cell, Study, Tuned
 from diff_transformer.study.overrides import BySize
 from diff_transformer.stats import holm, paired, sign_flip_p, summarize
 
-__all__ = ["PAPER_VARIANTS", "BySize", "Cell", "Study", "Tuned", "holm", "paired", "sign_flip_p", "summarize"]
+__all__ = ["PAPER_VARIANTS", "BySize", "Cell", "Study", "Tuned", "holm", "paired", "sign_flip_p",
+           "summarize"]

@@ -70,7 +70,6 @@ def _cells(study) -> None:
                         "of the comparisons and a number")
 
 
-
 def _tuned(study) -> None:
   """Tuned cells: compared, distinct, with values, chosen on an lr grid; their candidates' names
   new."""

@@ -54,7 +54,8 @@ def table(header: list[str], rows: list[list]) -> list[str]:
 
 def against(result: dict) -> str:
   """What a study's paired differences are taken against, for table headings."""
-  return "per pre-named pair (a - b)" if result["study"].get("comparisons") else "vs the Transformer"
+  return ("per pre-named pair (a - b)" if result["study"].get("comparisons")
+          else "vs the Transformer")
 
 
 def pair_seeds(result: dict) -> dict[str, int]:

@@ -41,10 +41,10 @@ def _task_primary(result: dict) -> list[str]:
           table(["variant", "reached 0.9", "median steps (Kaplan-Meier; inf: not reached)",
                   "mean steps ('>=': censored runs counted at their last step)",
                   "still rising over the last 20%", "paired difference vs Transformer"], rows) +
-          ["", "A run that never reached 0.9 is censored at its last step, never dropped. A pair is "
-           "earlier or later when its order is known, undetermined when not (both censored); p is "
-           "a sign test on the determined pairs, and a mean difference involving censored runs "
-           "is a bound, or not bounded.", ""])
+          ["", "A run that never reached 0.9 is censored at its last step, never dropped. A pair "
+           "is earlier or later when its order is known, undetermined when not (both censored); "
+           "p is a sign test on the determined pairs, and a mean difference involving censored "
+           "runs is a bound, or not bounded.", ""])
 
 
 def _task_slices(result: dict, root: Path) -> list[str]:

@@ -18,7 +18,8 @@ def grid_args(study: Study, point: str) -> tuple[str, ...]:
   c = study.get_config(point)
   t = c.train
   return (f"--config.train.lr={t.lr!r}", f"--config.train.final_lr={t.final_lr!r}",
-          f"--config.train.steps={t.steps}", f"--config.train.checkpoint_every={t.checkpoint_every}",
+          f"--config.train.steps={t.steps}",
+          f"--config.train.checkpoint_every={t.checkpoint_every}",
           f"--config.train.eval_every={t.eval_every}", f"--config.train.seed={t.seed}",
           f"--config.data.seed={c.data.seed}")
 

@@ -73,10 +73,10 @@ def _how_to_read(result: dict) -> list[str]:
            f"secondary metrics: {secondary}. Every other metric is **descriptive**: a mean "
            "difference with its n, no p.",
            (family("primary", "Primary family") + family("secondary", "Secondary family")).rstrip(),
-           f"- p: an exact paired test over the {seeds_phrase(result)} (a sign-flip test; for a time censored "
-           "at the budget, a sign test on the pairs whose order is determined). A mean "
-           "difference that involves censored runs is a bound ('<=' or '>='), or not bounded; "
-           "it never gets a t interval. 'Not resolved' means the data do not separate the "
+           f"- p: an exact paired test over the {seeds_phrase(result)} (a sign-flip test; for a "
+           "time censored at the budget, a sign test on the pairs whose order is determined). A "
+           "mean difference that involves censored runs is a bound ('<=' or '>='), or not "
+           "bounded; it never gets a t interval. 'Not resolved' means the data do not separate the "
            "variants, not that they are equal."]
   if info.get("stop_at_level"):
     lines.append(f"- Each compared and grid run stopped once it reached {info['stop_at_level']} "
@@ -133,7 +133,8 @@ def header(result: dict, first: Sequence[str] = ()) -> list[str]:
   if len(calls) > 1 or any(c.get("stopped_by") for c in calls):  # a study run in parts
     lines += ["Invocations on this root, in order: " + "; ".join(
         f"{c['wall_seconds'] / 60:.1f} min ({c['trained']} runs trained"
-        + (f", stopped by {c['stopped_by']})" if c.get("stopped_by") else ")") for c in calls) + "."]
+        + (f", stopped by {c['stopped_by']})" if c.get("stopped_by") else ")")
+        for c in calls) + "."]
   lines += _reused(result) + [""]
   if result["missing"]:
     lines += [f"**Not in the tables** (failed or unfinished): {', '.join(result['missing'])}.", ""]

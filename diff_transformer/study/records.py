@@ -26,7 +26,8 @@ from diff_transformer.runs.record import differences, shown_differences
 RECORDS = "records"
 GRID = "lr_grid"
 # Keys every record has ({grid: keys}): what the grid and the report read without checking.
-REQUIRED = {True: ("point", "setting", "lr", "seed"), False: ("point", "setting", "variant", "seed")}
+REQUIRED = {True: ("point", "setting", "lr", "seed"),
+            False: ("point", "setting", "variant", "seed")}
 
 
 def folder(results: Path, grid: bool = False) -> Path:

@@ -42,7 +42,8 @@ def still_rising(points: list[tuple[int, float]], tail: float = 0.2, margin: flo
   before = ([acc for step, acc in points if step <= start] or [points[0][1]])[-1]
   if level is not None and last >= level:
     return False
-  if ceiling is not None and (ceiling - last <= margin or last - before <= 0.1 * (ceiling - before)):
+  if ceiling is not None and (ceiling - last <= margin
+                              or last - before <= 0.1 * (ceiling - before)):
     return False  # no gap left to close, or less than a tenth of the headroom closed
   return last - before > margin
 

@@ -32,7 +32,8 @@ def resolvable(result: dict) -> list[str]:
   # each pair's SD with the threshold of its own seed count (the shared one where all have n)
   effects = [(e[primary]["sd"], smallest_effect(seeds_of.get(pair, n), m))
              for pair, e in result["paired"].items()
-             if primary in e and e[primary].get("sd") is not None and math.isfinite(e[primary]["sd"])]
+             if primary in e and e[primary].get("sd") is not None
+             and math.isfinite(e[primary]["sd"])]
   sds, nats = [sd for sd, _ in effects], [sd * k_pair for sd, k_pair in effects]
   spread = (f"; the measured SD of the paired differences in `{primary}` is "
             f"{num(min(sds), 4)}-{num(max(sds), 4)} nats, so the smallest effect this study "

@@ -87,7 +87,8 @@ def matching_ratio(reference: PowerLaw, x: float, loss: float) -> dict:
   """How much X the `reference` law (the Transformer) needs to reach `loss`, reached by another
   model at `x`: {'x', 'matched_x', 'ratio' = x / matched_x}."""
   matched = reference.inverse(loss)
-  return dict(x=float(x), matched_x=float(matched), ratio=float(x / matched) if matched else math.nan)
+  return dict(x=float(x), matched_x=float(matched),
+              ratio=float(x / matched) if matched else math.nan)
 
 
 def headline(variant: str, x: float, ratio: dict, unit: str = "params",

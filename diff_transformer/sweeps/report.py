@@ -58,7 +58,8 @@ def headlines(rows: list[dict], laws: dict) -> list[str]:
     base = laws[key].get("transformer")
     if base is None:
       continue
-    sel = [r for r in rows if (r["budget"] == laws["n_budget"] if key == "N" else r["size"] == laws["d_size"])]
+    sel = [r for r in rows if (r["budget"] == laws["n_budget"] if key == "N"
+                               else r["size"] == laws["d_size"])]
     for variant in sorted(laws[key]):
       if variant == "transformer":
         continue
@@ -124,7 +125,8 @@ def markdown(rows, laws, lines) -> str:
          "|---|" + "---|" * len(cols)]
   for v in variants:
     vals = {(r["size"], r["budget"]): r["val_loss"] for r in rows if r["variant"] == v}
-    out.append(f"| {v} | " + " | ".join(f"{vals[c]:.4f}" if c in vals else "-" for c in cols) + " |")
+    cells = (f"{vals[c]:.4f}" if c in vals else "-" for c in cols)
+    out.append(f"| {v} | " + " | ".join(cells) + " |")
   out += ["", "| fit | variant | E | A | alpha | points | R^2 |", "|---|---|---|---|---|---|---|"]
   for key in ("N", "D"):
     for v, law in sorted(laws[key].items()):

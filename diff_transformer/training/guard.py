@@ -68,6 +68,6 @@ def _advice(first_bad: int) -> str:
   already not finite, the lr is an unlikely cause."""
   if first_bad == 0:
     return ("the first step is already not finite, so the data or the initial state is the likely "
-            "cause, not the lr: check the data's token ids against model.vocab_size, model.init_std "
-            "and model.dtype")
+            "cause, not the lr: check the data's token ids against model.vocab_size, "
+            "model.init_std and model.dtype")
   return "lower train.lr or raise train.warmup_steps"

@@ -53,6 +53,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path,
     if lock is not None:
       lock.release()
 
+
 def start_logging(run: Run, bar: bool = True) -> tuple[MetricsLogger, RateWindow]:
   """The run's metrics log and rate window, with its opening rows and lines (`bar`: its own
   progress bar; a population shows one for all its members)."""

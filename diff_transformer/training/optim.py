@@ -15,7 +15,6 @@ from flax import nnx
 from diff_transformer.model.roles import decayed
 
 
-
 def learning_rate_schedule(t: ml_collections.ConfigDict) -> optax.Schedule:
   """lr * (s + 1) / warmup for s < warmup, then linear from lr to final_lr at step `steps`.
 

@@ -14,6 +14,7 @@ from diff_transformer.model.attention import set_model
 from diff_transformer.training.step import Trainer
 from tests.helpers.variant_table import entry, tiny
 
+
 def sharding_config(variant: str, mesh=(1, 1, 1), micro: int = 1):
   from diff_transformer.config import base_config
   c = base_config()

@@ -1,4 +1,5 @@
-"""Independent float64 numpy implementations of the attention formulas (README 'The variants'), written head by head.
+"""Independent float64 numpy implementations of the attention formulas (README 'The variants'),
+written head by head.
 
 Shares no code with the package: used to check every attention path.
 """

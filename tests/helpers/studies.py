@@ -22,13 +22,15 @@ get_config = STUDY.get_config
 # variants themselves are the quick study's (tests/test_study.py).
 CELLS_STUDY = TINY_STUDY.replace("from diff_transformer.study import Study",
                                  "from diff_transformer.study import Cell, Study").replace(
-    'variants=("transformer", "diff_v2"),', '''variants=("transformer", "transformer@wd0", "transformer@warm1"),
+    'variants=("transformer", "diff_v2"),',
+    '''variants=("transformer", "transformer@wd0", "transformer@warm1"),
               derived=(Cell("transformer@wd0", "transformer", (("train.weight_decay", 0.0),)),
                        Cell("transformer@warm1", "transformer@wd0",
                             (("train.warmup_steps", 1),), own_lr=True)),
               comparisons=(("transformer@wd0", "transformer"),
                            ("transformer@warm1", "transformer@wd0")),
               published=(("transformer@wd0", "transformer", -0.5),),
-              published_source="a test figure", published_cells=(("transformer@wd0", 7.25),),''').replace(
+              published_source="a test figure",
+              published_cells=(("transformer@wd0", 7.25),),''').replace(
     "quick_lr_grid=(1e-3, 3e-3)", 'quick_lr_grid=(1e-3,), primary="final_loss"').replace(
     "quick_seeds=(0, 1)", "quick_seeds=(0,)")  # 5 tiny runs: 2 grid cells, 3 compared

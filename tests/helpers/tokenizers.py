@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+
 def user_tokenizer(path: Path, texts: list[str]) -> Path:
   """A byte-level BPE made with `tokenizers` as a user would, with </s> as its end-of-text."""
   from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers

@@ -1,5 +1,6 @@
 """A fifth attention variant defined outside the package (tests/test_variant_registry.py): run by
-name after `register_variant`, or as `model.variant=tests.helpers.toy_variant:FixedLambdaAttention`."""
+name after `register_variant`, or as
+`model.variant=tests.helpers.toy_variant:FixedLambdaAttention`."""
 from __future__ import annotations
 
 import dataclasses

@@ -51,7 +51,9 @@ class Entry:
 
 def _out_scale(s: ModelSpec):
   """The oracle's out_scale: None for the rule, else the number or the rule's name."""
-  return None if s.options.norm_out_scale == "rule" else s.options.fixed_norm_out_scale or s.options.norm_out_scale
+  if s.options.norm_out_scale == "rule":
+    return None
+  return s.options.fixed_norm_out_scale or s.options.norm_out_scale
 
 
 def _diff_v1(shared: bool):
@@ -136,8 +138,8 @@ assert set(PAPER_VARIANTS) <= set(VARIANTS)
 
 def entry(variant: str) -> Entry:
   if variant not in TABLE:
-    pytest.fail(f"add variant {variant} to tests/helpers/variant_table.py TABLE (a tiny spec, a float64 "
-                "oracle, the closed-form attention parameter count, KV-cache layout and "
+    pytest.fail(f"add variant {variant} to tests/helpers/variant_table.py TABLE (a tiny spec, a "
+                "float64 oracle, the closed-form attention parameter count, KV-cache layout and "
                 "undecayed parameters)",
                 pytrace=False)
   return TABLE[variant]

@@ -229,5 +229,5 @@ def kernel_inputs(spec: ModelSpec, seq_len: int, batch: int = 1):
   `batch` rows of `seq_len` tokens, traced from its own `project` without any arrays."""
   x = jax.ShapeDtypeStruct((batch, seq_len, spec.d_model), spec.compute_dtype)
   positions = jax.ShapeDtypeStruct((batch, seq_len), np.int32)
-  return jax.eval_shape(lambda x, pos: variant_class(spec.variant)(spec, 0, rngs=nnx.Rngs(0)).project(
-      x, pos), x, positions)
+  layer = lambda: variant_class(spec.variant)(spec, 0, rngs=nnx.Rngs(0))
+  return jax.eval_shape(lambda x, pos: layer().project(x, pos), x, positions)

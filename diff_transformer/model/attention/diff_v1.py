@@ -108,8 +108,8 @@ class DiffAttention(Attention[DiffOptionsT]):
 
   def lam(self) -> jax.Array:
     dot = lambda a, b: jnp.sum(a[...].astype(jnp.float32) * b[...].astype(jnp.float32))
-    return (jnp.exp(dot(self.lambda_q1, self.lambda_k1)) - jnp.exp(dot(self.lambda_q2, self.lambda_k2))
-            + self.lambda_init[...])
+    return (jnp.exp(dot(self.lambda_q1, self.lambda_k1))
+            - jnp.exp(dot(self.lambda_q2, self.lambda_k2)) + self.lambda_init[...])
 
   def project(self, x_BTD, positions_BT) -> Projected:
     q1, q2, k1, k2 = (self._rope(t, positions_BT) for t in self.qk(x_BTD))

@@ -47,7 +47,8 @@ class DiffV2Attention(Attention[DiffV2Options]):
     group = cls.query_heads(spec) // spec.kv_heads
     if spec.options.v2_pairing == "interleaved" and group % 2:
       raise ConfigError(f"model.num_kv_heads: 2h / h_kv = {group} query heads per kv group must "
-                        "be even so each (2j, 2j+1) pair shares its keys (or set v2_pairing=halves)")
+                        "be even so each (2j, 2j+1) pair shares its keys (or set "
+                        "v2_pairing=halves)")
 
   @classmethod
   def attention_flops(cls, spec, seq_len):

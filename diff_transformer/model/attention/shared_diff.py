@@ -72,5 +72,7 @@ class SharedDiffAttention(DiffAttention[SharedDiffOptions]):
     s = self.spec
     q_BTF, k_BTF = self.wq(x_BTD), self.wk(x_BTD)
     update = lambda name: getattr(self, f"v_{name}")(getattr(self, f"u_{name}")(x_BTD))
-    return (self._heads(q_BTF + update("q1"), s.num_heads), self._heads(q_BTF + update("q2"), s.num_heads),
-            self._heads(k_BTF + update("k1"), s.kv_heads), self._heads(k_BTF + update("k2"), s.kv_heads))
+    return (self._heads(q_BTF + update("q1"), s.num_heads),
+            self._heads(q_BTF + update("q2"), s.num_heads),
+            self._heads(k_BTF + update("k1"), s.kv_heads),
+            self._heads(k_BTF + update("k2"), s.kv_heads))
