@@ -37,7 +37,9 @@ setup(
     extras_require={
         # xdist 3.8: --no-loadscope-reorder (pytest.ini); filelock: test runs shared by workers
         # wheel: tests/test_packaging.py builds the wheel offline (--no-build-isolation)
-        "test": ["pytest>=8", "pytest-xdist>=3.8", "filelock>=3.12", "wheel>=0.40", "mypy>=1.13"],
+        # pyflakes: tests/test_code_style.py (tested: 4.1.0)
+        "test": ["pytest>=8", "pytest-xdist>=3.8", "filelock>=3.12", "wheel>=0.40", "mypy>=1.13",
+                 "pyflakes>=3.2"],
         "tpu": ["jax[tpu]>=0.10.2,<0.11"],
         "cuda12": ["jax[cuda12]>=0.10.2,<0.13"],
         "cuda13": ["jax[cuda13]>=0.10.2,<0.13"],  # the H200 check ran jax 0.11.2 with CUDA 13
