@@ -32,9 +32,9 @@ def test_pyflakes_names_a_local_that_shadows_a_module():
   """The check can fail: a local assigned after its name's module is used in the same function."""
   source = ("from diff_transformer.evaluation import needle\n\n\ndef f(rows):\n"
             "  acc = needle.evaluate(rows)\n  needle = acc\n  return needle\n")
-  assert findings(source, "shadow.py") == [
-      "shadow.py:5:9: local variable 'needle' defined in enclosing scope on line 1 referenced "
-      "before assignment"]
+  [found] = findings(source, "shadow.py")
+  assert found.startswith("shadow.py:5:") and "local variable 'needle'" in found
+  assert "referenced before assignment" in found
   assert findings(source.replace("  needle = acc\n  return needle\n", "  return acc\n"),
                   "shadow.py") == []
 
