@@ -54,8 +54,8 @@ def main() -> None:
   for T in map(int, args.lengths.split(",")):
     rng = np.random.default_rng(0)
     x = lambda *s: jnp.asarray(rng.standard_normal(s), jnp.float32)
-    q1, k1, q2, k2 = (x(B, T, H, D) for _ in range(4))
-    v = x(B, T, H, 2 * D)
+    q1, k1, v = x(B, T, H, D), x(B, T, H, D), x(B, T, H, 2 * D)  # drawn in this order
+    q2, k2 = x(B, T, H, D), x(B, T, H, D)
     steps = {}
     for name, fn in paths().items():
       step = jax.jit(jax.grad(lambda q1, k1, v, q2, k2, fn=fn: jnp.sum(fn(q1, k1, v, q2, k2, 0.3)),
