@@ -70,7 +70,7 @@ def _pairs(values) -> tuple[tuple[int, int], ...] | None:
 def _mesh():
   if not FLAGS.mesh:
     return None
-  sizes = _ints(FLAGS.mesh.split(","), "mesh")
+  sizes = _ints(FLAGS.mesh.split(","), "mesh") or ()
   if len(sizes) != 3:
     raise EvalError(f"--mesh: expected data,fsdp,tensor, got {FLAGS.mesh}")
   # A bad mesh is a TrainError: a UserError, printed as one line by cli.run like any other.

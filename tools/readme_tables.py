@@ -245,9 +245,9 @@ def render(text: str, page: str = "README.md") -> str:
   for name, make in BLOCKS.items():
     pattern = re.compile(rf"(<!-- {name}:begin -->\n).*?(<!-- {name}:end -->)", re.S)
     text = pattern.sub(lambda m: m.group(1) + relative(make()) + "\n" + m.group(2), text)
-  for name, make in BLOCKS_WITH_ARGUMENT.items():
+  for name, make_for in BLOCKS_WITH_ARGUMENT.items():
     pattern = re.compile(rf"(<!-- {name}:([^:]+):begin -->\n).*?(<!-- {name}:\2:end -->)", re.S)
-    text = pattern.sub(lambda m: m.group(1) + relative(make(m.group(2))) + "\n" + m.group(3),
+    text = pattern.sub(lambda m: m.group(1) + relative(make_for(m.group(2))) + "\n" + m.group(3),
                        text)
   return text
 
