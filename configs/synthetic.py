@@ -18,11 +18,13 @@ parameter count (params.matched_variant). Only the answer positions count in the
 """
 from __future__ import annotations
 
+from typing import Any
+
 from diff_transformer.config import base_config, validate
 from diff_transformer.model.attention import PAPER_VARIANTS, variant_names
 from diff_transformer.params import heads_for, matched_variant
 
-TASKS = {
+TASKS: dict[str, tuple[str, dict[str, Any], int, int]] = {
     # task: (data.name, data.task overrides, seq_len, steps)
     "mqar_plain": ("mqar", dict(compositional=False, num_keys=8, num_queries=4, vocab_size=128,
                                 filler="blank"), 64, 300),

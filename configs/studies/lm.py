@@ -21,6 +21,8 @@ context at this scale (below), so it is descriptive.
 About 6 minutes per run on one core, 60 runs (28 lr-grid, 32 compared): about 3 h 40 min with two
 children on 2 cores, run in parts (a study resumes; records are written as runs finish).
 """
+from typing import Any
+
 from configs import default
 from diff_transformer.config import ffn_width
 from diff_transformer.params import heads_for, matched_variant
@@ -54,7 +56,7 @@ def make(variant: str, d_model: int = D_MODEL):
 
 # The study options that go with this setting, shared by the studies built on it
 # (lm_table6.py, lm_width.py): the lr grid, the AR-hit context, the quick form.
-SETTING_OPTIONS = dict(
+SETTING_OPTIONS: dict[str, Any] = dict(
     lr_grid=(2.67e-3, 4e-3, 6e-3),
     ar_hit_context=4,
     quick_seeds=(0, 1),
