@@ -85,7 +85,7 @@ def aot_table() -> str:
          "| total GiB / HBM | status |", "|---|---|---|---|---|---|---|"]
   for r in rows:
     m = r["mesh"]
-    largest = r.get('largest_fitting_per_device_batch', '?')
+    largest = r.get("largest_fitting_per_device_batch", "?")
     status = (("fits" if r["fits"] else f"OOM (largest batch/chip that fits: {largest})")
               if r["compiled"] else r["error"][:60])
     out.append(f"| `{r['preset']}` | {m['data']}, {m['fsdp']}, {m['tensor']} | "
