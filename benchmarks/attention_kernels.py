@@ -23,6 +23,7 @@ import re
 import sys
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 # AOT only: libtpu's lockfile would refuse a second process (e.g. a parallel AOT run).
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
@@ -37,8 +38,7 @@ from diff_transformer.errors import first_line  # noqa: E402
 from diff_transformer.kernels import reference, xla  # noqa: E402
 from diff_transformer.kernels.pallas import attention as pallas_attention  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import (fwd_and_bwd, interleaved_times, kernel_spec,  # noqa: E402
+from benchmarks.bench_common import (fwd_and_bwd, interleaved_times, kernel_spec,  # noqa: E402
                           random_kernel_inputs, temp_bytes)
 
 # Shared DIFF's kernel inputs are DIFF V1's, so its rows would repeat them.
@@ -46,15 +46,19 @@ VARIANTS = ("transformer", "diff", "diff_v2")
 MIB = 2**20
 
 
-def temp_mib(fn, xs, platforms=None) -> float:
+def temp_mib(fn, xs, platforms=None) -> float | None:
+  """The compiled program's temporaries in MiB, rounded to 0.1; None where the backend does not
+  report them."""
   lowered = jax.jit(fn).trace(*xs).lower(**({"lowering_platforms": platforms} if platforms else {}))
-  return temp_bytes(lowered.compile()) / MIB
+  size = temp_bytes(lowered.compile())
+  return None if size is None else round(size / MIB, 1)
 
 
 def cpu_rows(lengths, caps: dict, repeats: int) -> list[dict]:
   """Per (variant, T): every path that fits its cap, timed interleaved (median of `repeats`)."""
-  paths = {"reference": reference.attention, "xla": xla.attention,
-           "pallas": lambda *a, **k: pallas_attention(*a, **k)}  # CPU default: interpret mode
+  paths: dict[str, Callable[..., Any]] = {
+      "reference": reference.attention, "xla": xla.attention,
+      "pallas": lambda *a, **k: pallas_attention(*a, **k)}  # CPU default: interpret mode
   rows = []
   for variant in VARIANTS:
     for T in lengths:
@@ -97,7 +101,7 @@ def tpu_rows(lengths) -> list[dict]:
         for name, f in (("fwd", fwd), ("fwd_bwd", bwd)):
           try:
             with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
-              row[f"{name}_temp_mib"] = round(temp_mib(f, xs), 1)
+              row[f"{name}_temp_mib"] = temp_mib(f, xs)
           except Exception as e:  # e.g. the program does not fit HBM
             row[f"{name}_error"] = f"{type(e).__name__}: {first_line(e)}"
         rows.append(row)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -83,7 +84,7 @@ def interleaved_times(calls: dict, rounds: int, inner: int = 1, deadline=None,
   rounds, untimed; `before_call(key)` runs before each call's timed steps, untimed."""
   for call in calls.values() if warm else ():
     jax.block_until_ready(call())
-  times = {k: [] for k in calls}
+  times: dict[Any, list[float]] = {k: [] for k in calls}
   for r in range(rounds):
     if deadline is not None and deadline.left() < 0 and all(times.values()):
       break
@@ -106,7 +107,8 @@ class Stepper:
   a key share one state); `metrics` holds the last step's."""
 
   def __init__(self, step, batch, states: dict, key):
-    self.step, self.batch, self.states, self.key, self.metrics = step, batch, states, key, None
+    self.step, self.batch, self.states, self.key = step, batch, states, key
+    self.metrics: dict = {}  # none until the first call
 
   def __call__(self):
     self.states[self.key], self.metrics = self.step(self.states[self.key], self.batch)

@@ -15,13 +15,12 @@ import sys
 from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from bench_common import compiled_figures, paper_config  # noqa: E402
+from benchmarks.bench_common import compiled_figures, paper_config  # noqa: E402
 from diff_transformer import aot  # noqa: E402
 from diff_transformer.mesh import batch_sharding, make_mesh  # noqa: E402
 from diff_transformer.training.step import Trainer  # noqa: E402
@@ -39,7 +38,7 @@ def measure(variant: str, decided: bool) -> dict:
       ("positions", jnp.int32), ("weights", jnp.float32))}
   with aot.for_target(where):
     compiled = trainer.lower_train_step(batch, decided=decided).compile()
-  text = compiled.as_text()
+  text = compiled.as_text() or ""
   figures = compiled_figures(compiled, text)
   return dict(variant=variant, decided_on_host=decided, conditionals=text.count(" conditional("),
               peak_gib=figures["peak_gib"], other_gb=figures["other_gb"])

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -42,17 +43,17 @@ def measure_here() -> dict:
   """Runs in the child: compile and run seconds of the tiny steps under this XLA_FLAGS."""
   seconds: dict[str, float] = {}
 
-  def add(event: str, duration: float, **_) -> None:
-    seconds[event] = seconds.get(event, 0.0) + duration
+  def add(event: str, duration_secs: float, **_) -> None:
+    seconds[event] = seconds.get(event, 0.0) + duration_secs
 
   monitoring.register_event_duration_secs_listener(add)
   rng = np.random.default_rng(0)
   B, T = 4, 40
-  batch = dict(inputs=rng.integers(0, 96, (B, T)).astype(np.int32),
-               targets=rng.integers(0, 96, (B, T)).astype(np.int32),
-               segment_ids=np.ones((B, T), np.int32),
-               positions=np.tile(np.arange(T, dtype=np.int32), (B, 1)),
-               weights=np.ones((B, T), np.float32))
+  batch = jax.device_put(dict(inputs=rng.integers(0, 96, (B, T)).astype(np.int32),
+                              targets=rng.integers(0, 96, (B, T)).astype(np.int32),
+                              segment_ids=np.ones((B, T), np.int32),
+                              positions=np.tile(np.arange(T, dtype=np.int32), (B, 1)),
+                              weights=np.ones((B, T), np.float32)))
   run = 0.0
   start = time.perf_counter()
   for variant in PAPER_VARIANTS:
@@ -110,7 +111,7 @@ def main() -> None:
             flush=True)
   results = []
   for name, flags in settings():
-    summary = dict(setting=name, xla_flags=flags)
+    summary: dict[str, Any] = dict(setting=name, xla_flags=flags)
     for key in rows[name][0]:
       values = [r[key] for r in rows[name]]
       summary[key] = statistics.median(values)

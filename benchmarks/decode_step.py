@@ -26,7 +26,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from bench_common import interleaved_times, small_config, spread  # noqa: E402
+from benchmarks.bench_common import interleaved_times, small_config, spread  # noqa: E402
 from diff_transformer.cli import out_file  # noqa: E402
 from diff_transformer.model import build_model  # noqa: E402
 from diff_transformer.model.attention import PAPER_VARIANTS, spec_from_config  # noqa: E402

@@ -62,7 +62,7 @@ def main() -> None:
                               argnums=(0, 1, 2, 3, 4)))
       jax.block_until_ready(step(q1, k1, v, q2, k2))  # compile + warm
       steps[name] = step
-    times = {name: [] for name in steps}
+    times: dict[str, list[float]] = {name: [] for name in steps}
     for _ in range(args.rounds):
       for name, step in steps.items():
         t0 = time.perf_counter()

@@ -33,8 +33,8 @@ from diff_transformer.config import validate  # noqa: E402
 from diff_transformer.mesh import global_batch, make_mesh  # noqa: E402
 from diff_transformer.training.step import Trainer  # noqa: E402
 
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from bench_common import Stepper, interleaved_times, spread, synthetic_batch  # noqa: E402
+from benchmarks.bench_common import (Stepper, interleaved_times, spread,  # noqa: E402
+                                     synthetic_batch)
 
 LOOPS = ("scan", "unroll")
 

@@ -29,8 +29,8 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import paper_config  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.bench_common import paper_config  # noqa: E402
 from diff_transformer.kernels import cudnn  # noqa: E402
 from diff_transformer.mesh import make_mesh  # noqa: E402
 from diff_transformer.model.attention import PAPER_VARIANTS  # noqa: E402

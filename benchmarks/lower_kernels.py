@@ -21,6 +21,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 # AOT only: libtpu's lockfile would refuse a second process (e.g. a parallel AOT run).
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
@@ -35,8 +36,7 @@ from diff_transformer.aot import topology_devices  # noqa: E402
 from diff_transformer.kernels.pallas import attention, sharded_attention  # noqa: E402
 from diff_transformer.model.attention import kernel_inputs  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import fwd_and_bwd, kernel_spec  # noqa: E402
+from benchmarks.bench_common import fwd_and_bwd, kernel_spec  # noqa: E402
 
 # Shared DIFF's kernel inputs are DIFF V1's.
 VARIANTS = ("transformer", "diff", "diff_v2")
@@ -139,7 +139,7 @@ def main() -> int:
   parser.add_argument("--json",
                       default=str(Path(__file__).parent / "results" / "lower_kernels.json"))
   opts = parser.parse_args()
-  result = {"jax": jax.__version__}
+  result: dict[str, Any] = {"jax": jax.__version__}
   if not opts.aot_only:
     result["lowering"] = lower_all()
   if not opts.no_aot:

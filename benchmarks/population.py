@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from bench_common import (Stepper, interleaved_times, small_config, spread,  # noqa: E402
+from benchmarks.bench_common import (Stepper, interleaved_times, small_config, spread,  # noqa: E402
                           synthetic_batch)
 from configs.studies import lm, retrieval  # noqa: E402
 from diff_transformer.cli import out_file  # noqa: E402

@@ -18,6 +18,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -76,7 +77,7 @@ def main():
   print("initial attention-logit rms:", json.dumps(scale, indent=1), flush=True)
   arms = args.arms.split(",")
   runs = [train(arm, seed, args.steps, ROOT / args.root) for seed in seeds for arm in arms]
-  table = {}
+  table: dict[str, dict[str, Any]] = {}
   for arm in arms:
     mine = [r for r in runs if r["arm"] == arm]
     median = censored_median([r["steps_to_90"] for r in mine], [r["reached_90"] for r in mine])

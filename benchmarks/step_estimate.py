@@ -27,13 +27,14 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-from bench_common import paper_config  # noqa: E402
+from benchmarks.bench_common import paper_config  # noqa: E402
 from diff_transformer import aot  # noqa: E402
 from diff_transformer.aot import inventory  # noqa: E402
 from diff_transformer.aot.hlo import Hlo  # noqa: E402
@@ -148,8 +149,9 @@ def main() -> None:
     rates = calibration.pop("rates_per_ms")
   predictions, fusions = [], {}
   for size, T, batch, remat in PREDICT:
-    row = dict(size=size, T=T, batch=batch, layers="full depth", remat=remat, layout="exact",
-               label="prediction (calibrated on the H200 profiles, not measured)", ms={})
+    row: dict[str, Any] = dict(
+        size=size, T=T, batch=batch, layers="full depth", remat=remat, layout="exact",
+        label="prediction (calibrated on the H200 profiles, not measured)", ms={})
     for variant in PAPER_VARIANTS:
       w, hlo = work(variant, size, T, batch, 0, remat, padded=False)
       if w["pallas_calls"]:  # cuDNN refuses its widths; the Pallas call's FLOPs are not read

@@ -19,12 +19,11 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import jax  # noqa: E402
 
-from bench_common import compiled_figures, paper_config  # noqa: E402
+from benchmarks.bench_common import compiled_figures, paper_config  # noqa: E402
 from diff_transformer import aot, cli  # noqa: E402
 from diff_transformer.model.attention import PAPER_VARIANTS  # noqa: E402
 

@@ -27,6 +27,7 @@ import platform
 import sys
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -48,8 +49,8 @@ from diff_transformer.training.metrics import (attention_flops_per_token,  # noq
 from diff_transformer.training.peak import peak_tflops_per_device  # noqa: E402
 from diff_transformer.training.step import Trainer  # noqa: E402
 
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from bench_common import Stepper, interleaved_times, spread, synthetic_batch  # noqa: E402
+from benchmarks.bench_common import (Stepper, interleaved_times, spread,  # noqa: E402
+                                     synthetic_batch)
 
 OUT_JSON = ROOT / "benchmarks" / "results" / "throughput.json"
 OUT_PLOT = ROOT / "docs" / "results" / "throughput" / "ratio.png"
@@ -92,10 +93,10 @@ def measure_length(args, seq_len: int, peak_flops: float) -> list[dict]:
     benches[variant] = Bench(config_for(variant, args, seq_len), args, seq_len)
     print(f"  compiled {variant} at T={seq_len} ({benches[variant].compile_s:.0f} s)", flush=True)
   states = {v: b.state for v, b in benches.items()}
-  calls = {("train", v): Stepper(b.trainer.train_step, b.batch, states, v)
-           for v, b in benches.items()}
-  calls |= {("forward", v): (lambda v=v, b=b: b.trainer.eval_step(states[v], b.batch))
-            for v, b in benches.items()}
+  calls: dict[tuple[str, str], Callable[..., Any]] = {
+      ("train", v): Stepper(b.trainer.train_step, b.batch, states, v) for v, b in benches.items()}
+  for v, b in benches.items():
+    calls[("forward", v)] = lambda v=v, b=b: b.trainer.eval_step(states[v], b.batch)
   loads = []
 
   def after_round(r: int) -> None:
@@ -207,8 +208,8 @@ def main() -> None:
 
 def _shown(path: str) -> str:
   """A path as a committed result may name it: within the checkout, or only its file name."""
-  path = Path(path).resolve()
-  return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else f"<elsewhere>/{path.name}"
+  full = Path(path).resolve()
+  return str(full.relative_to(ROOT)) if full.is_relative_to(ROOT) else f"<elsewhere>/{full.name}"
 
 
 def write_json(args, rows, peak_tflops, peak_source, load_start, started) -> dict:

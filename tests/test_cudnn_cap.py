@@ -6,21 +6,16 @@ every layer), and either gives the step the einsum path gives. On this CPU an ex
 the attention tests."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from benchmarks.bench_common import small_config
 from diff_transformer.kernels import cudnn
 from diff_transformer.kernels.oracle import exact_cpu_attention
 from diff_transformer.mesh import global_batch, make_mesh
 from diff_transformer.training.step import Trainer
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from bench_common import small_config  # noqa: E402
 
 T, CAP = 32, 2
 

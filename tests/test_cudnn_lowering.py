@@ -5,18 +5,13 @@ under a byte bound linear in T. The layout before the cap on sequences per row (
 sequence per token) must fail that bound."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import jax
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from lower_cudnn import STEPS, check, fmha_calls, lowered_step, summary  # noqa: E402
-
-from diff_transformer.kernels import auto, cudnn  # noqa: E402
-from diff_transformer.model.attention import PAPER_VARIANTS, spec_from_config  # noqa: E402
-from diff_transformer.model.attention import kernel_inputs  # noqa: E402
+from benchmarks.lower_cudnn import STEPS, check, fmha_calls, lowered_step, summary
+from diff_transformer.kernels import auto, cudnn
+from diff_transformer.model.attention import PAPER_VARIANTS, spec_from_config
+from diff_transformer.model.attention import kernel_inputs
 
 # The 830M step at 2K and the 3B steps at 2K and 4K, as the GPU jobs train them.
 CASES = list(STEPS)
@@ -31,7 +26,7 @@ def test_the_train_step_lowers_to_cudnn_calls_that_fit(variant, size, seq_len, b
   if variant == "shared_diff" and size == "3b":
     # Shared DIFF's 3B heads are 102 wide: cuDNN refuses them, and the check names the width.
     assert "102" in row["error"] or "204" in row["error"], row
-    from bench_common import paper_config
+    from benchmarks.bench_common import paper_config
     spec = spec_from_config(paper_config(variant, seq_len=seq_len, batch=batch, layers=1,
                                          size=size).model)
     p = kernel_inputs(spec, seq_len, batch)

@@ -241,8 +241,7 @@ def test_a_cell_over_the_memory_takes_micro_batches_then_remat_then_is_refused()
   may take is compiled again at the next lighter launch (two micro-batches, then remat 'full'),
   and takes the first that fits; none fits: it is refused, naming its peak and the limit, before
   anything runs. Under the limit a cell is left as it is."""
-  sys.path.insert(0, str(ROOT / "benchmarks"))
-  from bench_common import small_config, synthetic_batch
+  from benchmarks.bench_common import small_config, synthetic_batch
   from benchmarks.gpu_check.fit import FIXED_MARGIN_BYTES, fit_to_memory
   from diff_transformer.mesh import global_batch, make_mesh
   from diff_transformer.training.step import Trainer

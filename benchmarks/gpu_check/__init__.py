@@ -15,6 +15,5 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-for folder in (ROOT, ROOT / "benchmarks"):  # the project, and bench_common beside this package
-  if str(folder) not in sys.path:
-    sys.path.insert(0, str(folder))
+if str(ROOT) not in sys.path:  # the project's packages, from any working directory
+  sys.path.insert(0, str(ROOT))

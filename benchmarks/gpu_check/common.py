@@ -18,7 +18,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from bench_common import paper_config, small_config
+from benchmarks.bench_common import paper_config, small_config
 from diff_transformer.errors import first_line
 from diff_transformer.kernels import auto, cudnn
 from diff_transformer.model.attention import PAPER_VARIANTS
@@ -172,7 +172,7 @@ def save_hlo(run: StageRun, name: str, compiled) -> str:
 
 
 def versions() -> dict:
-  out = {"python": sys.version.split()[0]}
+  out: dict[str, str | None] = {"python": sys.version.split()[0]}
   for name in PACKAGES:
     try:
       out[name] = importlib.metadata.version(name)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import time
+from typing import Any, Callable
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FuturesTimeout
 
@@ -16,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bench_common import paper_config, small_config
+from benchmarks.bench_common import paper_config, small_config
 from benchmarks.gpu_check.common import (Deadline, Record, StageRun, compile_all, cudnn_refused,
                                          error_text, lower_or_error)
 from diff_transformer.kernels import cudnn, reference, xla
@@ -41,7 +42,7 @@ def paths(stage: StageRun, configs: dict | None = None) -> dict:
   the exact layout needs no equal-width packed call). On CPU Pallas is interpreted, 'cudnn'
   runs the padded layout through XLA and 'cudnn_exact_layout' the exact layout with an exact CPU
   attention in cuDNN's place. --paths keeps some of them."""
-  out = {"reference": reference.attention, "xla": xla.attention}
+  out: dict[str, Callable[..., Any]] = {"reference": reference.attention, "xla": xla.attention}
   for name, kw in (configs or {"pallas": {}}).items():
     out[name] = functools.partial(pallas_attention, **kw)
   if stage.cpu:
@@ -81,7 +82,7 @@ def host_inputs(p, rng, packed: bool):
   one oracle serves both dtypes); lambda in float32 as the models pass it."""
   def bf16_exact(x):
     return np.asarray(jnp.asarray(x, jnp.bfloat16), np.float64)
-  args = {}
+  args: dict[str, np.ndarray | None] = {}
   for name in ARG_NAMES:
     s = getattr(p, name)
     if s is None:
@@ -129,7 +130,7 @@ def errors(got: dict, want: dict, lam_scale: float | None = None) -> dict:
   for name, w in want.items():
     g = np.asarray(jnp.asarray(got[name], jnp.float32), np.float64)
     w = np.asarray(w, np.float64)
-    scale, peak = max(np.linalg.norm(w), 1e-30), max(np.abs(w).max(), 1e-30)
+    scale, peak = max(float(np.linalg.norm(w)), 1e-30), max(float(np.abs(w).max()), 1e-30)
     if name == "lam" and lam_scale is not None:
       scale = peak = max(lam_scale, 1e-30)
     out[name] = dict(rel=float(np.linalg.norm(g - w) / scale),
@@ -173,8 +174,7 @@ def stage_correctness(stage: StageRun) -> None:
   cpu, opts, deadline = stage.cpu, stage.options, Deadline(stage.seconds - 10)
   lengths, dtypes, batch = ((32,), ("float32",), 2) if cpu else (opts.lengths_or((256, 2048)),
                                                                    opts.dtypes, 2)
-  cases = _cases(stage, lengths)
-  kernels = paths(stage)
+  cases, kernels = _cases(stage, lengths), paths(stage)
   rec = Record(stage, tolerance=TOLERANCE, batch=batch, lengths=lengths,
                dtypes=dtypes, paths=list(kernels),
                inputs="fresh N(0,1) draws rounded to bfloat16-exact values; lambda U(0.2,0.8) "
@@ -196,7 +196,8 @@ def stage_correctness(stage: StageRun) -> None:
       if deadline.left() < 0:
         rec.add(dict(cell0, skipped="stage time cap"))
         continue
-      programs, lowered = [], {}
+      programs: list[tuple[str, str, Any, list[str]]] = []  # key: a program, or why refused
+      lowered: dict = {}
       for dtype in dtypes:
         p = kernel_inputs(correctness_spec(g["variant"], g["layout"], dtype, cpu), g["T"], batch)
         names = [n for n in ARG_NAMES if getattr(p, n) is not None]

@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from bench_common import spread
+from benchmarks.bench_common import spread
 from benchmarks.gpu_check.common import (Deadline, Record, StageRun, compile_all, error_text,
                                          model_config, save_hlo)
 from diff_transformer.model import build_model
@@ -65,7 +66,7 @@ def stage_decode(stage: StageRun) -> None:
   print(f"decode: models built at {time.time() - start:.1f} s", flush=True)
   runs = [(v, s) for s in settings for v in models]
   for batch in batches:
-    times = {run: dict(prefill=[], decode=[]) for run in runs}
+    times: dict[Any, dict[str, list[float]]] = {run: dict(prefill=[], decode=[]) for run in runs}
     failed = {(v, s): error_text(compiled[key]) for v, s in runs
               for key in ((v, batch, "prefill", ""), (v, batch, "step", s))
               if isinstance(compiled[key], BaseException)}
@@ -127,7 +128,8 @@ def _cells(times: dict, failed: dict, batch: int, prompt: int, new: int) -> list
 def _lowered(stage: StageRun, prompt: int, new: int, batches: tuple[int, ...]
              ) -> tuple[dict, dict]:
   """({variant: spec and graphdef}, {(variant, batch, prefill|step): lowered program})."""
-  models, lowered = {}, {}
+  models: dict[str, Any] = {}
+  lowered: dict[tuple, jax.stages.Lowered | Exception] = {}
   for variant in PAPER_VARIANTS:
     config = model_config(stage, variant, seq_len=prompt + new, batch=1, kernel="auto")
     spec = spec_from_config(config.model)

@@ -12,6 +12,7 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -60,7 +61,7 @@ def stage_env(stage: StageRun) -> None:
   rec = Record(stage, cpu_mode=cpu, devices=[str(d) for d in jax.devices()],
                nvidia_smi={} if cpu else nvidia_smi(), cudnn=cudnn_info())
   try:
-    info = jax.print_environment_info(return_string=True)
+    info = jax.print_environment_info(return_string=True) or ""
     cache = os.environ.get("JAX_COMPILATION_CACHE_DIR")
     rec.set(environment_info=info.replace(cache, "<compile cache>") if cache else info)
   except Exception as e:  # informational only
@@ -77,7 +78,9 @@ def stage_env(stage: StageRun) -> None:
 def import_all() -> dict:
   """Every module of the package imported on this stack: {module: error} for those that fail;
   modules of the `hf` extra whose packages are not installed here are listed apart."""
-  failed, no_extra, count = {}, {}, 0
+  failed: dict[str, str] = {}
+  no_extra: dict[str, str] = {}
+  count = 0
   for module in pkgutil.walk_packages(diff_transformer.__path__, "diff_transformer."):
     count += 1
     try:
@@ -107,7 +110,7 @@ def stage_tests(stage: StageRun) -> None:
     try:
       proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT,
                             timeout=max(10.0, stage.seconds - 5))
-      status = dict(returncode=proc.returncode)
+      status: dict[str, Any] = dict(returncode=proc.returncode)
     except subprocess.TimeoutExpired:
       status = dict(returncode=None, timed_out=True)
   text = log.read_text()

@@ -2,6 +2,7 @@
 peak against what jax may take, and the lighter launches of aot/plan.py for a cell over it."""
 from __future__ import annotations
 
+import jax
 import ml_collections
 
 from benchmarks.gpu_check.common import compile_all
@@ -43,7 +44,8 @@ def fit_to_memory(runs: list[dict], compiled: dict, limit: int | None) -> None:
       else:
         compiled[i] = _refused(r, limit)
   while pending:
-    trainers, lowered = {}, {}
+    trainers: dict[int, Trainer] = {}
+    lowered: dict[int, jax.stages.Lowered | Exception] = {}
     for i, launches in pending.items():
       remat, _, micro = launches.pop(0)
       config = ml_collections.ConfigDict(runs[i]["trainer"].config.to_dict())

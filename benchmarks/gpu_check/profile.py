@@ -8,10 +8,11 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import jax
 
-from bench_common import synthetic_batch
+from benchmarks.bench_common import synthetic_batch
 from benchmarks.gpu_check.common import (Deadline, Record, StageRun, compile_all, error_text,
                                          model_config, save_hlo)
 from diff_transformer.mesh import global_batch, make_mesh
@@ -35,7 +36,8 @@ def stage_profile(stage: StageRun) -> None:
   batch, steps = max(1, tokens // T), 3
   rec = Record(stage, T=T, batch=batch, layers=stage.options.train_layers, steps=steps,
                classes={name: rx.pattern for name, rx in KERNEL_CLASSES} | {"other": "the rest"})
-  runs, lowered = {}, {}
+  runs: dict[str, dict[str, Any]] = {}
+  lowered: dict[str, jax.stages.Lowered] = {}
   for variant in PAPER_VARIANTS:
     config = model_config(stage, variant, seq_len=T, batch=batch, kernel="auto")
     trainer = Trainer(config, make_mesh(config.mesh))

@@ -16,12 +16,13 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bench_common import Stepper, interleaved_times, spread, synthetic_batch
+from benchmarks.bench_common import Stepper, interleaved_times, spread, synthetic_batch
 from benchmarks.gpu_check.common import (Deadline, Record, StageRun, compile_all, error_text,
                                          model_config)
 from benchmarks.gpu_check.fit import fit_to_memory
@@ -109,14 +110,15 @@ def _runs(stage: StageRun, timing: bool, tokens: int, lengths: tuple[int, ...],
   # (every variant's Pallas train step is checked against XLA's in tests/test_pallas_model.py).
   opts = stage.options
   other_variants = ("diff",) if stage.cpu else opts.variants
-  runs, lowered = [], {}
+  runs: list[dict[str, Any]] = []
+  lowered: dict[int, jax.stages.Lowered | Exception] = {}
   for T, label, mask in ((T, label, mask) for T in lengths
                          for label in (opts.labels if timing else ("auto",))
                          for mask in masks):
     batch = max(1, tokens // T)
     variants = opts.variants if label == "auto" else other_variants
     if mask == "document":
-      variants = [v for v in variants if v in opts.document_variants]
+      variants = tuple(v for v in variants if v in opts.document_variants)
     for variant in variants:
       if not timing and (variant, label, T) != ("diff", "auto", lengths[0]):
         continue
@@ -161,7 +163,9 @@ def one_state_at_a_time(runs: list[dict], states: str) -> tuple[bool, dict]:
   if states != "auto":
     return states == "one", gib
   limit = (jax.devices()[0].memory_stats() or {}).get("bytes_limit")
-  return bool(limit) and sum(gib.values()) * 2 ** 30 > 0.5 * limit, gib
+  if not limit:  # the device does not say
+    return False, gib
+  return sum(gib.values()) * 2 ** 30 > 0.5 * limit, gib
 
 
 def _time_group(ready: dict, compiled: dict, states: dict, rounds: int, steps: int,
@@ -230,7 +234,10 @@ def _orbax_check(trainer, step, state, data) -> dict:
     rerun = two_steps(_copy(state))
     after_save = two_steps(_copy(state))
     start = time.time()
-    restored, restored_step = ckpt.restore(trainer.abstract_state)
+    found = ckpt.restore(trainer.abstract_state)
+    if found is None:
+      raise RuntimeError(f"no checkpoint found in {folder} right after saving one")
+    restored, restored_step = found
     restore_s = time.time() - start
     after_restore = two_steps(restored)
     ckpt.close()
