@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import Any, Callable
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FuturesTimeout
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
