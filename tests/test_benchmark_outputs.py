@@ -70,3 +70,16 @@ def test_benchmarks_told_to_write_elsewhere_leave_the_checkout_unchanged(tmp_pat
   assert sorted(p.name for p in tmp_path.iterdir()) == [
       "synthetic.json", "throughput.json", "throughput.png"]
   assert _status() == before
+
+
+def test_every_benchmark_imports_by_its_package_path():
+  """Every benchmark module imports as `benchmarks.<name>`, the one path its helpers are reached
+  by (and mypy's); in a child, as some set the platform or XLA's flags when imported."""
+  folder = ROOT / "benchmarks"
+  names = [f"benchmarks.{p.stem}" for p in sorted(folder.glob("*.py"))]
+  names += [f"benchmarks.gpu_check.{p.stem}" for p in sorted((folder / "gpu_check").glob("*.py"))
+            if p.stem != "__main__"]
+  code = "import importlib, sys\nfor name in sys.argv[1:]:\n  importlib.import_module(name)"
+  r = subprocess.run([sys.executable, "-c", code, *names], cwd=ROOT, capture_output=True,
+                     text=True, env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=300)
+  assert r.returncode == 0, r.stderr[-2000:]
