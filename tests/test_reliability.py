@@ -1,6 +1,6 @@
 """Faults and bad input: divergence never leaves a bad checkpoint to resume from, a failed save
-stops the run in one line, one writer per workdir, a changed batch size is recorded (on the resume
-after a divergence), and every bad input is one line.
+stops the run in one line, one writer per workdir, a changed batch size and a change of code are
+recorded (on the resume after a divergence), and every bad input is one line.
 
 Every program (train.py, eval.py, study.py, sweep.py, export.py, aot_compile.py, prepare_data.py,
 the lm-eval adapter) is started once with bad input: the whole of stderr is one `error:` line, exit
@@ -56,7 +56,8 @@ def _umount(target: Path) -> None:
 # ---- faults --------------------------------------------------------------------------------
 def test_divergence_keeps_only_good_checkpoints_and_resume_trains(corpus, reference, tmp_path,
                                                                  capsys):
-  """Also the resume with a changed batch size: said once, recorded, and trained on."""
+  """Also the resume with a changed batch size and under other code: each said once, recorded,
+  and trained on."""
   from flax import nnx
   import jax
   from diff_transformer.runs.restore import restore_model
@@ -72,7 +73,11 @@ def test_divergence_keeps_only_good_checkpoints_and_resume_trains(corpus, refere
   model, _, step = restore_model(workdir)
   assert step == 10 and all(np.isfinite(np.asarray(p)).all()
                             for p in jax.tree.leaves(nnx.state(model, nnx.Param)))
-  # Resuming with a sane learning rate (and twice the batch) trains on without NaN.
+  # Resuming with a sane learning rate (and twice the batch, under another commit's record)
+  # trains on without NaN.
+  versions = json.loads((workdir / "code_version.json").read_text())
+  versions[-1]["commit"] = "0" * 40
+  (workdir / "code_version.json").write_text(json.dumps(versions))
   capsys.readouterr()
   train_here(workdir, corpus, **{"train.steps": 13, "train.checkpoint_every": 1,
                                  "train.global_batch_size": 16})
@@ -86,8 +91,16 @@ def test_divergence_keeps_only_good_checkpoints_and_resume_trains(corpus, refere
   assert len(said) == 1 and "(was 8)" in said[0], out.out[-2000:]
   rows = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
   resume = [r for r in rows if r["kind"] == "resume"]
-  assert resume == [dict(resume[0], step=10, previous_global_batch_size=8,
-                         global_batch_size=16)]
+  batch = [r for r in resume if "global_batch_size" in r]
+  assert batch == [dict(batch[0], step=10, previous_global_batch_size=8, global_batch_size=16)]
+  # (a commit landing while the suite runs may add a code-change row of the refused run too)
+  code = [r for r in resume if r.get("code_was", "").startswith("0" * 10)]
+  assert code == [dict(code[0], step=10)], resume
+  said = [l for l in out.out.splitlines() if "under other code" in l]
+  expected = f"under other code ({code[0]['code_now']}; was {code[0]['code_was']})"
+  assert len(said) == 1 and said[0].endswith(f"Resuming at step 10 {expected}"), said
+  versions = json.loads((workdir / "code_version.json").read_text())
+  assert versions[-1]["step"] == 10 and versions[-2]["commit"] == "0" * 40, versions
 
 
 class _FakeCheckpointer:
