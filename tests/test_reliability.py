@@ -22,6 +22,8 @@ import numpy as np
 import pytest
 
 from diff_transformer.errors import UserError, message_lines
+from diff_transformer.runs.folder import RunFolder
+from diff_transformer.runs.record import read_code_versions
 from diff_transformer.runs.restore import restore_model
 from tests.helpers.runs import (ROOT, assert_one_clear_line, env, logged_step, losses,
                                 refused_here, tiny_flags, train_cmd, train_here, tree_digest,
@@ -60,7 +62,6 @@ def test_divergence_keeps_only_good_checkpoints_and_resume_trains(corpus, refere
   and trained on."""
   from flax import nnx
   import jax
-  from diff_transformer.runs.restore import restore_model
   workdir = tmp_path / "run"
   shutil.copytree(reference, workdir)
   before = tree_digest(workdir / "checkpoints" / "10")
@@ -75,9 +76,9 @@ def test_divergence_keeps_only_good_checkpoints_and_resume_trains(corpus, refere
                             for p in jax.tree.leaves(nnx.state(model, nnx.Param)))
   # Resuming with a sane learning rate (and twice the batch, under another commit's record)
   # trains on without NaN.
-  versions = json.loads((workdir / "code_version.json").read_text())
+  versions = read_code_versions(workdir)
   versions[-1]["commit"] = "0" * 40
-  (workdir / "code_version.json").write_text(json.dumps(versions))
+  RunFolder(workdir).code_version.write_text(json.dumps(versions))
   capsys.readouterr()
   train_here(workdir, corpus, **{"train.steps": 13, "train.checkpoint_every": 1,
                                  "train.global_batch_size": 16})
@@ -99,7 +100,7 @@ def test_divergence_keeps_only_good_checkpoints_and_resume_trains(corpus, refere
   said = [l for l in out.out.splitlines() if "under other code" in l]
   expected = f"under other code ({code[0]['code_now']}; was {code[0]['code_was']})"
   assert len(said) == 1 and said[0].endswith(f"Resuming at step 10 {expected}"), said
-  versions = json.loads((workdir / "code_version.json").read_text())
+  versions = read_code_versions(workdir)
   assert versions[-1]["step"] == 10 and versions[-2]["commit"] == "0" * 40, versions
 
 
