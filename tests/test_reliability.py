@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from diff_transformer import provenance
 from diff_transformer.errors import UserError, message_lines
 from diff_transformer.runs.folder import RunFolder
 from diff_transformer.runs.record import read_code_versions
@@ -79,6 +80,7 @@ def test_divergence_keeps_only_good_checkpoints_and_resume_trains(corpus, refere
   versions = read_code_versions(workdir)
   versions[-1]["commit"] = "0" * 40
   RunFolder(workdir).code_version.write_text(json.dumps(versions))
+  planted = versions[-1]
   capsys.readouterr()
   train_here(workdir, corpus, **{"train.steps": 13, "train.checkpoint_every": 1,
                                  "train.global_batch_size": 16})
@@ -97,6 +99,8 @@ def test_divergence_keeps_only_good_checkpoints_and_resume_trains(corpus, refere
   # (a commit landing while the suite runs may add a code-change row of the refused run too)
   code = [r for r in resume if r.get("code_was", "").startswith("0" * 10)]
   assert code == [dict(code[0], step=10)], resume
+  assert code[0]["code_was"] == provenance.label(planted)
+  assert code[0]["code_now"] == provenance.label(provenance.code_version())  # this process's
   said = [l for l in out.out.splitlines() if "under other code" in l]
   expected = f"under other code ({code[0]['code_now']}; was {code[0]['code_was']})"
   assert len(said) == 1 and said[0].endswith(f"Resuming at step 10 {expected}"), said
